@@ -1,0 +1,178 @@
+"""Sample-quality metrics that need no download, and Inception ones that do.
+
+The offline metrics use a small classifier trained here on the real data (and
+cached): the *classifier score* applies the Inception Score formula to its
+class probabilities, and the *Fréchet classifier distance* applies the Fréchet
+Inception Distance formula to its penultimate features. They rank models the
+way the Inception metrics do but their values are not comparable with
+published Inception numbers, so they carry their own names.
+
+With ``--inception_weights`` (Keras InceptionV3 weights with the top), true
+Inception Score and Fréchet Inception Distance are computed as well.
+"""
+
+import json
+import os
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import scipy.linalg
+import sonnet as snt
+import tensorflow as tf
+
+
+def classifier_score(probs: np.ndarray) -> float:
+  """``exp(E_x KL(p(y|x) || p(y)))``: the Inception Score formula, one split.
+
+  >>> classifier_score(np.eye(4))  # Confident and balanced: the class count.
+  4.0
+  """
+  probs = np.asarray(probs, np.float64)
+  marginal = probs.mean(axis=0, keepdims=True)
+  kl = np.sum(probs * (np.log(probs + 1e-12) - np.log(marginal + 1e-12)), axis=1)
+  return float(np.exp(kl.mean()))
+
+
+def feature_statistics(features: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  features = np.asarray(features, np.float64)
+  return features.mean(axis=0), np.cov(features, rowvar=False)
+
+
+def frechet_distance(stats_a, stats_b) -> float:
+  """``|mu_a - mu_b|^2 + tr(S_a + S_b - 2 (S_a S_b)^(1/2))`` between Gaussians."""
+  (mu_a, cov_a), (mu_b, cov_b) = stats_a, stats_b
+  covmean, _ = scipy.linalg.sqrtm(cov_a @ cov_b, disp=False)
+  if not np.isfinite(covmean).all():
+    offset = np.eye(cov_a.shape[0]) * 1e-6
+    covmean = scipy.linalg.sqrtm((cov_a + offset) @ (cov_b + offset))
+  distance = (np.sum((mu_a - mu_b)**2) + np.trace(cov_a) + np.trace(cov_b) -
+              2 * np.trace(covmean.real))
+  return float(max(distance, 0.0))
+
+
+class Classifier(snt.Module):
+  """A small all-convolutional net; ``features`` feed the Fréchet distance."""
+
+  def __init__(self, num_classes: int, width: int = 32, name=None):
+    super().__init__(name=name)
+    self.convs = [snt.Conv2D(width * m, 3, stride=s)
+                  for m, s in ((1, 1), (2, 2), (2, 1), (4, 2), (4, 1))]
+    self.features_layer = snt.Linear(4 * width)
+    self.logits_layer = snt.Linear(num_classes)
+
+  def features(self, images: tf.Tensor) -> tf.Tensor:
+    h = images
+    for conv in self.convs:
+      h = tf.nn.relu(conv(h))
+    return tf.nn.relu(self.features_layer(tf.reduce_mean(h, axis=[1, 2])))
+
+  def __call__(self, images: tf.Tensor) -> tf.Tensor:
+    return self.logits_layer(self.features(images))
+
+
+def train_classifier(train_data, test_data, num_classes: int, *,
+                     cache_dir: Optional[str] = None, epochs: int = 2,
+                     batch_size: int = 128, seed: int = 0) -> Classifier:
+  """Trains the metric classifier, or restores it from ``cache_dir``."""
+  classifier = Classifier(num_classes)
+  images, labels = train_data
+  classifier(tf.zeros([1, *images.shape[1:]]))
+  checkpoint = tf.train.Checkpoint(classifier=classifier)
+  info_path = cache_dir and os.path.join(cache_dir, "classifier.json")
+  if info_path and tf.io.gfile.exists(info_path):
+    checkpoint.read(os.path.join(cache_dir, "classifier")).assert_consumed()
+    return classifier
+
+  optimizer = snt.optimizers.Adam(1e-3)
+
+  @tf.function
+  def train_step(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          y, classifier(x)))
+    grads = tape.gradient(loss, classifier.trainable_variables)
+    optimizer.apply(grads, classifier.trainable_variables)
+    return loss
+
+  dataset = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(
+      len(images), seed=seed).batch(batch_size, drop_remainder=True)
+  for _ in range(epochs):
+    for x, y in dataset:
+      train_step(x, y)
+  accuracy = float(np.mean(
+      np.argmax(predict(classifier, test_data[0])[0], axis=1) == test_data[1]))
+  if info_path:
+    checkpoint.write(os.path.join(cache_dir, "classifier"))
+    with tf.io.gfile.GFile(info_path, "w") as f:  # Written last: the marker.
+      json.dump({"test_accuracy": accuracy, "epochs": epochs}, f)
+  return classifier
+
+
+def predict(classifier: Classifier, images: np.ndarray,
+            batch_size: int = 500) -> Tuple[np.ndarray, np.ndarray]:
+  """Class probabilities and features of ``images``, in batches."""
+  call = tf.function(lambda x: (tf.nn.softmax(classifier(x)),
+                                classifier.features(x)))
+  outputs = [call(tf.constant(images[i:i + batch_size]))
+             for i in range(0, len(images), batch_size)]
+  return tuple(np.concatenate([o[k].numpy() for o in outputs]) for k in (0, 1))
+
+
+class InceptionMetrics:
+  """True Inception Score and Fréchet Inception Distance (Keras InceptionV3).
+
+  Args:
+    weights_path: a Keras InceptionV3 weights file *with the top* (e.g.
+      ``inception_v3_weights_tf_dim_ordering_tf_kernels.h5``), already on disk.
+  """
+
+  def __init__(self, weights_path: str):
+    import keras  # pylint: disable=g-import-not-at-top
+    net = keras.applications.InceptionV3(include_top=True, weights=weights_path)
+    self._model = keras.Model(
+        net.input, [net.get_layer("avg_pool").output, net.output])
+
+  def _run(self, images: np.ndarray, batch_size: int = 50):
+    pools, probs = [], []
+    for i in range(0, len(images), batch_size):
+      x = tf.image.resize(images[i:i + batch_size], [299, 299])
+      if x.shape[-1] == 1:
+        x = tf.tile(x, [1, 1, 1, 3])
+      pool, prob = self._model(x, training=False)  # Inputs in [-1, 1].
+      pools.append(np.asarray(pool))
+      probs.append(np.asarray(prob))
+    return np.concatenate(pools), np.concatenate(probs)
+
+  def __call__(self, fake_images: np.ndarray, real_images: np.ndarray,
+               num_splits: int = 10) -> Dict[str, float]:
+    fake_pool, fake_probs = self._run(fake_images)
+    real_pool, _ = self._run(real_images)
+    splits = np.array_split(fake_probs, min(num_splits, len(fake_probs)))
+    return {
+        "inception_score": float(np.mean([classifier_score(s) for s in splits])),
+        "frechet_inception_distance": frechet_distance(
+            feature_statistics(fake_pool), feature_statistics(real_pool)),
+    }
+
+
+class ClassifierMetrics:
+  """Classifier score and Fréchet classifier distance against real statistics."""
+
+  def __init__(self, classifier: Classifier, real_images: np.ndarray):
+    self._classifier = classifier
+    probs, features = predict(classifier, real_images)
+    self.real_stats = feature_statistics(features)
+    self.real_classifier_score = classifier_score(probs)
+
+  def __call__(self, fake_images: np.ndarray,
+               fake_labels: Optional[np.ndarray] = None) -> Dict[str, float]:
+    probs, features = predict(self._classifier, fake_images)
+    results = {
+        "classifier_score": classifier_score(probs),
+        "frechet_classifier_distance": frechet_distance(
+            feature_statistics(features), self.real_stats),
+    }
+    if fake_labels is not None:  # How often a sample shows its asked-for class.
+      results["class_accuracy"] = float(
+          np.mean(np.argmax(probs, axis=1) == fake_labels))
+    return results

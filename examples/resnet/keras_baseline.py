@@ -1,0 +1,125 @@
+r"""The reference `train.py` is measured against: plain Keras `model.fit` on one device.
+
+The same ResNet-20 (16-32-64, projection shortcuts, zero-initialised last batch-norm
+scale, weight decay on kernels only), the same Fashion-MNIST input pipeline and
+recipe (Nesterov SGD, linear warm-up then cosine, label smoothing), with no
+`replicator` and no `tf.distribute`:
+
+  python -m examples.resnet.keras_baseline --epochs=3
+
+It prints the test accuracy and the training images/s of every epoch; the figure to
+compare is the mean over the epochs after the first (which also traces the step).
+"""
+
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import keras
+import tensorflow as tf
+
+from examples.resnet import data
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("global_batch_size", 128, "Images per step.")
+flags.DEFINE_float("base_learning_rate", 0.2, "Learning rate per 256 images.")
+flags.DEFINE_integer("epochs", 12, "Training length.")
+flags.DEFINE_integer("warmup_epochs", 1, "Linear warm-up from zero.")
+flags.DEFINE_float("weight_decay", 5e-4, "L2 on conv and dense kernels only.")
+flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
+flags.DEFINE_integer("seed", 0, "Initialisation seed.")
+
+
+def resnet20(num_classes: int = 10, weight_decay: float = 5e-4, bn_decay: float = 0.9):
+  """ResNet-20 in Keras layers, matching `models.ResNet20`."""
+  # Keras' l2(c) adds c * sum(w^2); train.py adds weight_decay * sum(w^2) / 2.
+  reg = keras.regularizers.L2(weight_decay / 2)
+  init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
+
+  def conv_bn(x, channels, kernel, stride, relu, zero_scale=False):
+    x = keras.layers.Conv2D(channels, kernel, stride, padding="same", use_bias=False,
+                            kernel_initializer=init, kernel_regularizer=reg)(x)
+    x = keras.layers.BatchNormalization(
+        momentum=bn_decay, epsilon=1e-5,
+        gamma_initializer="zeros" if zero_scale else "ones")(x)
+    return keras.layers.ReLU()(x) if relu else x
+
+  inputs = keras.Input([28, 28, 1])
+  x = conv_bn(inputs, 16, 3, 1, relu=True)
+  for stage, channels in enumerate([16, 32, 64]):
+    for block in range(3):
+      stride = 2 if (stage > 0 and block == 0) else 1
+      shortcut = x
+      if stride != 1 or x.shape[-1] != channels:
+        shortcut = conv_bn(x, channels, 1, stride, relu=False)
+      y = conv_bn(x, channels, 3, stride, relu=True)
+      y = conv_bn(y, channels, 3, 1, relu=False, zero_scale=True)
+      x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
+  x = keras.layers.GlobalAveragePooling2D()(x)
+  logits = keras.layers.Dense(num_classes, kernel_regularizer=reg,
+                              kernel_initializer=keras.initializers.RandomNormal(0, 0.01))(x)
+  return keras.Model(inputs, logits)
+
+
+class _OneDevice:
+  """The input context of a single replica, for `data.make_input_fn`."""
+  num_input_pipelines, input_pipeline_id, num_replicas_in_sync = 1, 0, 1
+
+  def per_replica_batch_size(self, global_batch_size):
+    return global_batch_size
+
+
+class Throughput(keras.callbacks.Callback):
+  """Training images/s per epoch, the evaluation at the end of the epoch left out."""
+
+  def __init__(self, images_per_epoch):
+    super().__init__()
+    self.images_per_epoch = images_per_epoch
+    self.images_per_second = []
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._start = time.perf_counter()
+    self._stopped = False
+
+  def on_test_begin(self, logs=None):
+    if not self._stopped:
+      self._stopped = True
+      self.images_per_second.append(
+          self.images_per_epoch / (time.perf_counter() - self._start))
+      logging.info("epoch %d: %.0f images/s", len(self.images_per_second),
+                   self.images_per_second[-1])
+
+
+def main(argv):
+  del argv
+  keras.utils.set_random_seed(FLAGS.seed)
+  batch = FLAGS.global_batch_size
+  steps_per_epoch = 60_000 // batch
+  one_hot = lambda x, y, *w: (x, tf.one_hot(y, 10), *w)
+  train_ds = data.make_input_fn("fashion_mnist", True, batch)(_OneDevice()).map(one_hot)
+  test_ds = data.make_input_fn("fashion_mnist", False, batch)(_OneDevice()).map(one_hot)
+  peak = FLAGS.base_learning_rate * batch / 256
+  warmup_steps = FLAGS.warmup_epochs * steps_per_epoch
+  lr = keras.optimizers.schedules.CosineDecay(
+      0.0, FLAGS.epochs * steps_per_epoch - warmup_steps, warmup_target=peak,
+      warmup_steps=warmup_steps)
+  model = resnet20(weight_decay=FLAGS.weight_decay)
+  model.compile(
+      optimizer=keras.optimizers.SGD(lr, momentum=0.9, nesterov=True),
+      loss=keras.losses.CategoricalCrossentropy(
+          from_logits=True, label_smoothing=FLAGS.label_smoothing),
+      weighted_metrics=["categorical_accuracy"])
+  throughput = Throughput(steps_per_epoch * batch)
+  start = time.perf_counter()
+  history = model.fit(train_ds, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
+                      validation_data=test_ds, callbacks=[throughput], verbose=2)
+  steady = throughput.images_per_second[1:] or throughput.images_per_second
+  logging.info("keras baseline: test accuracy %.4f after %d epochs, %.0f s; "
+               "%.0f images/s (mean of epochs 2..%d)",
+               history.history["val_categorical_accuracy"][-1], FLAGS.epochs,
+               time.perf_counter() - start, sum(steady) / len(steady), FLAGS.epochs)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,255 @@
+r"""Trains a ResNet with `replicator`: ImageNet on GPUs or TPUs, Fashion-MNIST on a CPU.
+
+Fashion-MNIST on this machine's CPU, split into two logical devices (see README.md):
+
+  python -m examples.resnet.train --dataset=fashion_mnist --model=resnet20 \
+      --replicator=multi_gpu --num_cpu_devices=2 --global_batch_size=128 \
+      --base_learning_rate=0.2 --epochs=12 --warmup_epochs=1 --weight_decay=5e-4 \
+      --model_dir=/tmp/resnet20_fmnist
+
+Every `--log_every_steps` steps it logs the loss, the learning rate, images/s and the
+time per step, and writes them to TensorBoard under `--model_dir`.
+"""
+
+import os
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import sonnet as snt
+import tensorflow as tf
+from tensorflow.core.framework import summary_pb2
+
+import replicator
+from examples.resnet import data
+from examples.resnet import models
+from examples.resnet import schedule as schedule_lib
+
+FLAGS = flags.FLAGS
+# Data.
+flags.DEFINE_enum("dataset", "imagenet_tfrecord", data.DATASETS, "Input source.")
+flags.DEFINE_string("data_dir", None, "TFRecord shards, image folder, TFDS data_dir, "
+                    "or the Fashion-MNIST IDX files (default: the Debian package's).")
+flags.DEFINE_string("tfds_manual_dir", None, "imagenet2012 archives for TFDS to prepare.")
+flags.DEFINE_integer("image_size", 224, "Training and evaluation crop (ImageNet).")
+flags.DEFINE_integer("num_classes", 1000, "Classes of the synthetic dataset.")
+# Model.
+flags.DEFINE_enum("model", "resnet50", list(models.MODELS), "Architecture.")
+flags.DEFINE_bool("cross_replica_bn", False, "Batch-norm statistics over the global "
+                  "batch (replicator.nn.CrossReplicaBatchNorm).")
+flags.DEFINE_float("bn_decay", 0.9, "Decay of the batch-norm moving averages.")
+flags.DEFINE_bool("bfloat16", False, "Convolutions in bfloat16 (float32 variables).")
+# Recipe (Goyal et al., 2017).
+flags.DEFINE_integer("global_batch_size", 1024, "Images per step, all replicas.")
+flags.DEFINE_integer("eval_batch_size", None, "Global evaluation batch "
+                     "(default: --global_batch_size).")
+flags.DEFINE_float("base_learning_rate", 0.1, "Learning rate per 256 images.")
+flags.DEFINE_float("epochs", 90, "Training length.")
+flags.DEFINE_float("warmup_epochs", 5, "Linear warm-up from zero.")
+flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "step"], "Decay after warm-up.")
+flags.DEFINE_list("step_decay_epochs", ["30", "60", "80"], "Epochs of the 10x drops.")
+flags.DEFINE_float("momentum", 0.9, "Nesterov momentum.")
+flags.DEFINE_float("weight_decay", 1e-4, "L2 on conv and linear kernels only.")
+flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
+# Distribution.
+flags.DEFINE_enum("replicator", "multi_gpu", ["gpu", "multi_gpu", "tpu"],
+                  "GpuReplicator, MultiGpuReplicator or TpuReplicator.")
+flags.DEFINE_integer("num_cpu_devices", 1, "With no GPU: split the CPU into this many "
+                     "logical devices (replicas for --replicator=multi_gpu).")
+flags.DEFINE_string("tpu", None, "TPU name or address (default: TPU_NAME, "
+                    "COLAB_TPU_ADDR, then the local TPU VM).")
+# Bookkeeping.
+flags.DEFINE_string("model_dir", None, "Checkpoints and TensorBoard summaries.")
+flags.DEFINE_integer("log_every_steps", 100, "Steps per compiled call and log line.")
+flags.DEFINE_float("eval_every_epochs", 1, "Evaluation period.")
+flags.DEFINE_float("checkpoint_every_epochs", 1, "Checkpoint period.")
+flags.DEFINE_integer("seed", 0, "Initialisation seed.")
+
+
+def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None):
+  if num_cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * num_cpu_devices)
+  if kind == "gpu":
+    return replicator.GpuReplicator()
+  if kind == "multi_gpu":
+    return replicator.MultiGpuReplicator()
+  return replicator.TpuReplicator(tpu=tpu)
+
+
+def cross_entropy(logits, labels, label_smoothing: float):
+  num_classes = logits.shape[-1]
+  targets = tf.one_hot(labels, num_classes) * (1 - label_smoothing)
+  targets += label_smoothing / num_classes
+  return tf.nn.softmax_cross_entropy_with_logits(targets, logits)
+
+
+class Experiment:
+  """The model, optimizer, schedule and the train and evaluation steps."""
+
+  def __init__(self, repl, model_name: str, num_classes: int,
+               lr_schedule: schedule_lib.LearningRateSchedule, momentum: float = 0.9,
+               weight_decay: float = 1e-4, label_smoothing: float = 0.1,
+               cross_replica_bn: bool = False, bn_decay: float = 0.9,
+               bfloat16: bool = False):
+    self.repl = repl
+    self.schedule = lr_schedule
+    self.weight_decay = weight_decay
+    self.label_smoothing = label_smoothing
+    with repl.context():
+      self.model = models.MODELS[model_name](
+          num_classes=num_classes,
+          norm_factory=models.batch_norm_factory(bn_decay, cross_replica=cross_replica_bn),
+          compute_dtype=tf.bfloat16 if bfloat16 else tf.float32)
+      self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+      self.learning_rate = tf.Variable(0.0, trainable=False, name="learning_rate")
+      self.base_optimizer = snt.optimizers.Momentum(self.learning_rate, momentum,
+                                                    use_nesterov=True)
+      self.optimizer = repl.wrap_optimizer(self.base_optimizer)
+
+  def train_step(self, batch):
+    images, labels = batch
+    self.learning_rate.assign(self.schedule(self.step))
+    with tf.GradientTape() as tape:
+      logits = self.model(images, is_training=True)
+      xent = tf.reduce_mean(cross_entropy(logits, labels, self.label_smoothing))
+      l2 = tf.add_n([tf.nn.l2_loss(w) for w in self.model.weight_decay_variables])
+      loss = xent + self.weight_decay * l2
+    variables = self.model.trainable_variables
+    self.optimizer.apply(tape.gradient(loss, variables), variables)
+    self.step.assign_add(1)
+    accuracy = tf.reduce_mean(tf.cast(
+        tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
+    return {"loss": self.repl.all_mean(xent), "accuracy": self.repl.all_mean(accuracy),
+            "learning_rate": self.learning_rate.read_value()}
+
+  def eval_step(self, batch):
+    images, labels, weights = batch
+    logits = self.model(images, is_training=False)
+    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels),
+                      tf.float32)
+    xent = cross_entropy(logits, labels, 0.0)
+    return self.repl.all_sum({"correct": tf.reduce_sum(weights * correct),
+                              "loss": tf.reduce_sum(weights * xent),
+                              "count": tf.reduce_sum(weights)})
+
+  def evaluate(self, eval_input_fn):
+    """One pass over the evaluation set: {"accuracy", "loss", "count"}."""
+    totals = {"correct": 0.0, "loss": 0.0, "count": 0.0}
+    while True:
+      try:
+        out = self.repl.run(self.eval_step, eval_input_fn)
+      except replicator.InputExhausted:
+        break
+      for key in totals:
+        totals[key] += float(out[key][0])
+    self.repl.reset_input(eval_input_fn)
+    count = max(totals["count"], 1.0)
+    return {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count,
+            "count": totals["count"]}
+
+
+def train(experiment: Experiment, train_input_fn, eval_input_fn, global_batch_size: int,
+          steps_per_epoch: int, model_dir=None, log_every_steps: int = 100,
+          eval_every_epochs: float = 1, checkpoint_every_epochs: float = 1):
+  """Trains to the end of the schedule; returns the last evaluation (or None)."""
+  repl = experiment.repl
+  total_steps = experiment.schedule.total_steps
+  eval_every = max(1, int(eval_every_epochs * steps_per_epoch))
+  checkpoint_every = max(1, int(checkpoint_every_epochs * steps_per_epoch))
+  checkpointer = writers = None
+  if model_dir:
+    checkpointer = replicator.Checkpointer(
+        os.path.join(model_dir, "checkpoints"), model=experiment.model,
+        optimizer=experiment.base_optimizer, step=experiment.step)
+    checkpointer.restore_latest()
+    if repl.is_chief:
+      writers = {split: tf.summary.create_file_writer(os.path.join(model_dir, split))
+                 for split in ("train", "eval")}
+  step = int(experiment.step.numpy())
+  start, steady_images, steady_time_s, result = time.perf_counter(), 0, 0.0, None
+  traced = False
+  while step < total_steps:
+    boundary = min(total_steps, (step // eval_every + 1) * eval_every,
+                   (step // checkpoint_every + 1) * checkpoint_every)
+    num_steps = min(log_every_steps, boundary - step)
+    call_start = time.perf_counter()
+    out = repl.run(experiment.train_step, train_input_fn, steps=num_steps)
+    metrics = {k: float(v[0]) for k, v in out.items()}
+    elapsed_s = time.perf_counter() - call_start
+    step += num_steps
+    metrics["images_per_second"] = num_steps * global_batch_size / elapsed_s
+    metrics["ms_per_step"] = 1000 * elapsed_s / num_steps
+    if traced:  # The first call also traces and compiles the step: not steady state.
+      steady_images += num_steps * global_batch_size
+      steady_time_s += elapsed_s
+    traced = True
+    logging.info("step %d/%d epoch %.2f: loss %.4f, train accuracy %.4f, lr %.4f, "
+                 "%.0f images/s, %.1f ms/step", step, total_steps,
+                 step / steps_per_epoch, metrics["loss"], metrics["accuracy"],
+                 metrics["learning_rate"], metrics["images_per_second"],
+                 metrics["ms_per_step"])
+    _write(writers, "train", metrics, step)
+    if step % eval_every == 0 or step == total_steps:
+      result = experiment.evaluate(eval_input_fn)
+      logging.info("eval at step %d (epoch %.2f, %.0f s): accuracy %.4f, loss %.4f on "
+                   "%d images", step, step / steps_per_epoch, time.perf_counter() - start,
+                   result["accuracy"], result["loss"], result["count"])
+      _write(writers, "eval", result, step)
+    if checkpointer and (step % checkpoint_every == 0 or step == total_steps):
+      checkpointer.save(step)
+  if steady_time_s:
+    logging.info("training done in %.0f s; %.0f images/s after the first call",
+                 time.perf_counter() - start, steady_images / steady_time_s)
+  return result
+
+
+# tf.summary.scalar lives in the tensorboard package, which tensorflow-cpu does not pull
+# in; these are the same records, readable by TensorBoard's scalar dashboard.
+_SCALAR_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+    data_class=summary_pb2.DATA_CLASS_SCALAR)
+
+
+def _write(writers, split, metrics, step):
+  if writers:
+    with writers[split].as_default(step=step):
+      for name, value in metrics.items():
+        tf.summary.write(name, tf.constant(value, tf.float32), metadata=_SCALAR_METADATA)
+
+
+def main(argv):
+  del argv
+  tf.random.set_seed(FLAGS.seed)
+  repl = make_replicator(FLAGS.replicator, FLAGS.num_cpu_devices, FLAGS.tpu)
+  info = data.dataset_info(FLAGS.dataset, FLAGS.data_dir, FLAGS.image_size,
+                           FLAGS.num_classes)
+  steps_per_epoch = info.num_train_examples // FLAGS.global_batch_size
+  lr_schedule = schedule_lib.LearningRateSchedule(
+      FLAGS.base_learning_rate, FLAGS.global_batch_size, steps_per_epoch, FLAGS.epochs,
+      FLAGS.warmup_epochs, FLAGS.lr_decay, [float(e) for e in FLAGS.step_decay_epochs])
+  logging.info("%d replicas, %s on %s: %d steps of %d images, peak learning rate %.3f",
+               repl.num_replicas, FLAGS.model, FLAGS.dataset, lr_schedule.total_steps,
+               FLAGS.global_batch_size, lr_schedule.peak_learning_rate)
+  experiment = Experiment(repl, FLAGS.model, info.num_classes, lr_schedule,
+                          FLAGS.momentum, FLAGS.weight_decay, FLAGS.label_smoothing,
+                          FLAGS.cross_replica_bn, FLAGS.bn_decay, FLAGS.bfloat16)
+  input_args = dict(data_dir=FLAGS.data_dir, image_size=FLAGS.image_size,
+                    num_classes=info.num_classes, tfds_manual_dir=FLAGS.tfds_manual_dir)
+  train_input_fn = data.make_input_fn(FLAGS.dataset, True, FLAGS.global_batch_size,
+                                      **input_args)
+  eval_input_fn = data.make_input_fn(
+      FLAGS.dataset, False, FLAGS.eval_batch_size or FLAGS.global_batch_size,
+      **input_args)
+  try:
+    train(experiment, train_input_fn, eval_input_fn, FLAGS.global_batch_size,
+          steps_per_epoch, FLAGS.model_dir, FLAGS.log_every_steps,
+          FLAGS.eval_every_epochs, FLAGS.checkpoint_every_epochs)
+  finally:
+    repl.shutdown()
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,45 @@
+"""replicator: write the step for one device, run it on many.
+
+>>> import replicator
+>>> repl = replicator.GpuReplicator(device="/cpu:0")
+>>> repl.num_replicas
+1
+"""
+
+from replicator import _tf_check  # first: a clear error for a missing or old TF
+
+from replicator import nn
+from replicator import testing
+from replicator.base import Replicator
+from replicator.base import ReplicasDiverged
+from replicator.collectives import AllReduceOptions
+from replicator.collectives import Compression
+from replicator.collectives import ReduceOp
+from replicator.context import InputContext
+from replicator.context import InputExhausted
+from replicator.gpu import GpuReplicator
+from replicator.gpu import MultiGpuReplicator
+from replicator.mesh import Mesh
+from replicator.optimizers import ReplicatedOptimizer
+from replicator.tpu import TpuReplicator
+from replicator.variables import ReplicatedVariable
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "AllReduceOptions",
+    "Compression",
+    "GpuReplicator",
+    "InputContext",
+    "InputExhausted",
+    "Mesh",
+    "MultiGpuReplicator",
+    "ReduceOp",
+    "ReplicasDiverged",
+    "ReplicatedOptimizer",
+    "ReplicatedVariable",
+    "Replicator",
+    "TpuReplicator",
+    "nn",
+    "testing",
+)

@@ -1,0 +1,233 @@
+"""`Replicator`: context, wrap_optimizer, run and the collectives, written once.
+
+A subclass only chooses the mesh (and whether the step is XLA-compiled).
+"""
+
+import contextlib
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from replicator import collectives
+from replicator import context
+from replicator import optimizers
+from replicator import randomness
+from replicator import replica_ops
+from replicator import steps as steps_lib
+from replicator import variables
+from replicator.mesh import Mesh
+
+ReduceOp = collectives.ReduceOp
+
+
+class ReplicasDiverged(AssertionError):
+  """Raised by `assert_replicas_in_sync` when copies of a variable differ."""
+
+
+class Replicator:
+  """Runs a single-device step on every replica of a `Mesh`.
+
+  Args:
+    mesh: where the replicas live.
+    placement: device of each local replica's ops and variables (defaults to
+      the mesh's devices; TPU emulation puts every replica on the CPU).
+    jit_compile: compile each step (all replicas) as one XLA computation.
+    all_reduce: default `AllReduceOptions` of `all_reduce` and optimizers.
+  """
+
+  def __init__(self, mesh: Mesh, *, placement: Optional[Sequence[str]] = None,
+               jit_compile: bool = False,
+               all_reduce: Optional[collectives.AllReduceOptions] = None):
+    if all_reduce is not None and not isinstance(
+        all_reduce, collectives.AllReduceOptions):
+      raise TypeError(
+          f"all_reduce: expected replicator.AllReduceOptions, got {all_reduce!r}.")
+    self._mesh = mesh
+    self._placement = tuple(f"/device:{d}" for d in (placement or mesh.devices))
+    self._jit_compile = jit_compile
+    self._all_reduce = all_reduce or collectives.AllReduceOptions()
+    self._factory = variables.VariableFactory(self._placement)
+    self._inputs = {}  # input_fn -> (iterator, element_spec)
+    self._steps = {}  # (step_fn, input_fn) -> CompiledStep
+    self._closed = False
+    randomness.install()
+
+  # Topology.
+  mesh = property(lambda self: self._mesh)
+  num_replicas = property(lambda self: self._mesh.num_replicas)
+  num_local_replicas = property(lambda self: self._mesh.devices_per_worker)
+  num_workers = property(lambda self: self._mesh.num_workers)
+  is_chief = property(lambda self: self._mesh.is_chief)
+
+  def init(self):
+    """Kept for TF-Replicator parity: the constructor already connected."""
+
+  def __repr__(self):
+    return (f"{type(self).__name__}(num_replicas={self.num_replicas}, "
+            f"devices={list(self._mesh.devices)})")
+
+  @contextlib.contextmanager
+  def context(self):
+    """Variables created inside are replicated on every replica."""
+    self._check_open("context")
+    with self._factory.scope():
+      yield self
+
+  def wrap_optimizer(self, optimizer, *, clip_global_norm=None,
+                     gradient_reduction=ReduceOp.MEAN, accumulate_steps=1,
+                     all_reduce=None) -> optimizers.ReplicatedOptimizer:
+    """Returns `optimizer` made replica-aware (see `ReplicatedOptimizer`).
+
+    Gradients are averaged over replicas (`ReduceOp.MEAN`): a loss that is a
+    per-replica mean gives the update of one replica on the global batch.
+    **If your loss is already divided by the global batch size (as in
+    tf.distribute), pass `gradient_reduction=ReduceOp.SUM`.**
+    """
+    return optimizers.ReplicatedOptimizer(
+        optimizer, clip_global_norm=clip_global_norm,
+        gradient_reduction=gradient_reduction,
+        accumulate_steps=accumulate_steps,
+        all_reduce=all_reduce or self._all_reduce)
+
+  def random_generator(self, seed: int) -> randomness.ReplicaGenerator:
+    """A random generator that gives each replica its own stream from `seed`."""
+    return randomness.ReplicaGenerator(seed, self._mesh.local_replica_ids,
+                                       self.num_replicas, self._placement)
+
+  # Collectives (only inside a step).
+  @property
+  def replica_id(self) -> tf.Tensor:
+    """This replica's global id, a scalar int32 tensor."""
+    return replica_ops.replica_id()
+
+  def all_reduce(self, value, op=ReduceOp.SUM):
+    return replica_ops.all_reduce(value, op, self._all_reduce)
+
+  def all_sum(self, value):
+    return self.all_reduce(value, ReduceOp.SUM)
+
+  def all_mean(self, value):
+    return self.all_reduce(value, ReduceOp.MEAN)
+
+  def all_max(self, value):
+    return self.all_reduce(value, ReduceOp.MAX)
+
+  def all_min(self, value):
+    return self.all_reduce(value, ReduceOp.MIN)
+
+  def all_gather(self, value, axis: int = 0):
+    return replica_ops.all_gather(value, axis)
+
+  def broadcast(self, value, source_replica: int = 0):
+    return replica_ops.broadcast(value, source_replica)
+
+  # Running steps.
+  def run(self, step_fn: Callable, input_fn: Optional[Callable] = None, *,
+          args: Sequence[Any] = (), steps: int = 1):
+    """Runs `steps` steps of `step_fn` on every replica in one compiled call.
+
+    Returns what `step_fn` returned on the last step, each leaf stacked over
+    this worker's replicas (leading axis in replica-id order). Raises
+    `InputExhausted` when `input_fn`'s data ran out before `steps` steps.
+    """
+    self._check_open("run")
+    if not callable(step_fn):
+      raise TypeError(f"step_fn: expected a callable, got {step_fn!r}.")
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+      raise ValueError(f"steps: expected an int >= 1, got {steps!r}.")
+    if not isinstance(args, (tuple, list)):
+      raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
+    iterator, element_spec = self._input(input_fn)
+    compiled = self._steps.get((step_fn, input_fn))
+    if compiled is None:
+      compiled = steps_lib.CompiledStep(
+          step_fn, element_spec, devices=self._placement,
+          first_replica_id=self._mesh.local_replica_ids[0],
+          num_replicas=self.num_replicas, factory=self._factory,
+          jit_compile=self._jit_compile)
+      self._steps[(step_fn, input_fn)] = compiled
+    completed, outputs = compiled(iterator, int(steps), args)
+    completed = int(completed)
+    if completed < steps:
+      raise context.InputExhausted(completed, outputs if completed else None)
+    return outputs
+
+  def _input(self, input_fn):
+    if input_fn is None:
+      return None, None
+    if input_fn not in self._inputs:
+      self._inputs[input_fn] = self._make_input(input_fn)
+    return self._inputs[input_fn]
+
+  def _make_input(self, input_fn, expected_spec=None):
+    if not callable(input_fn):
+      raise TypeError(f"input_fn: expected a callable, got {input_fn!r}.")
+    ctx = context.InputContext(
+        num_input_pipelines=self.num_workers,
+        input_pipeline_id=self._mesh.worker_index,
+        num_replicas_in_sync=self.num_replicas)
+    dataset = input_fn(ctx)
+    if not isinstance(dataset, tf.data.Dataset):
+      raise TypeError(
+          f"input_fn: {getattr(input_fn, '__name__', input_fn)} returned "
+          f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
+          "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
+    self._check_dataset(dataset, input_fn)
+    if expected_spec is not None and dataset.element_spec != expected_spec:
+      raise ValueError(
+          f"input_fn: the dataset's element structure changed from "
+          f"{expected_spec} to {dataset.element_spec}; the compiled step "
+          "expects the first. Return the same structure on every call.")
+    with tf.device("/device:CPU:0"):
+      return iter(dataset), dataset.element_spec
+
+  def _check_dataset(self, dataset, input_fn):
+    """Hook for subclasses that need stricter datasets (TPU: static shapes)."""
+
+  def reset_input(self, input_fn: Callable):
+    """Starts `input_fn`'s data again from the beginning (calls it anew)."""
+    self._check_open("reset_input")
+    previous = self._inputs.get(input_fn)
+    self._inputs[input_fn] = self._make_input(
+        input_fn, previous[1] if previous else None)
+
+  def assert_replicas_in_sync(self, variables_to_check):
+    """Raises `ReplicasDiverged` naming the first variable whose copies differ."""
+    for variable in tf.nest.flatten(variables_to_check):
+      if not isinstance(variable, variables.ReplicatedVariable):
+        raise TypeError(
+            f"variables: {getattr(variable, 'name', variable)!r} is not a "
+            "replicated variable; create it inside repl.context().")
+      sums = [_checksum(copy) for copy in variable.replicas]
+      for r, value in enumerate(sums[1:], start=1):
+        if value != sums[0]:
+          raise ReplicasDiverged(
+              f"Variable {variable.name!r} differs between replica "
+              f"{self._mesh.local_replica_ids[0]} and replica "
+              f"{self._mesh.local_replica_ids[r]} (checksums {sums[0]} vs "
+              f"{value}).")
+
+  def shutdown(self):
+    """Releases the devices; idempotent. `run` afterwards raises."""
+    self._closed = True
+    self._steps.clear()
+    self._inputs.clear()
+
+  def _check_open(self, method):
+    if self._closed:
+      raise RuntimeError(
+          f"{method}: this {type(self).__name__} was shut down; create a new "
+          "replicator to run more steps.")
+
+
+def _checksum(variable) -> int:
+  """A position-weighted sum of the raw bits of `variable`, on its device."""
+  with tf.device(variable.device):
+    value = tf.reshape(variable.read_value(), [-1])
+    if value.dtype.is_bool:
+      value = tf.cast(value, tf.uint8)
+    bits = {1: tf.uint8, 2: tf.uint16, 4: tf.uint32, 8: tf.uint64}[value.dtype.size]
+    words = tf.cast(tf.bitcast(value, bits), tf.int64) if value.dtype != bits else tf.cast(value, tf.int64)
+    weights = tf.range(1, tf.size(words, out_type=tf.int64) + 1) % 65521 + 1
+    return int(tf.reduce_sum(words * weights))

@@ -1,0 +1,223 @@
+"""The replica context (which replica is being traced) and the input context.
+
+A step is traced once per local replica into one graph. Each replica is traced
+in its own thread so that a collective can pause it until every replica has
+reached the same collective; the collective is then built from all replicas'
+values at once (see `collectives`). Threads run one at a time, in replica
+order, so graph construction is deterministic.
+"""
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Callable, List, Optional, Sequence
+
+import tensorflow as tf
+
+_local = threading.local()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaContext:
+  """The replica whose part of the step is being traced on this thread."""
+  group: "ReplicaGroup"
+  index: int  # local replica index
+
+  @property
+  def replica_id(self) -> int:
+    return self.group.first_replica_id + self.index
+
+  @property
+  def device(self) -> str:
+    return self.group.devices[self.index]
+
+  def collective(self, name: str, flat_values: List[tf.Tensor],
+                 merge: Callable[[List[List[tf.Tensor]]], List[List[tf.Tensor]]]):
+    return self.group.collective(self.index, name, flat_values, merge)
+
+
+def current() -> Optional[ReplicaContext]:
+  """The replica context of this thread, or None outside a step."""
+  return getattr(_local, "replica", None)
+
+
+@contextlib.contextmanager
+def _entered(replica: Optional[ReplicaContext]):
+  previous = current()
+  _local.replica = replica
+  try:
+    yield
+  finally:
+    _local.replica = previous
+
+
+def local_writes() -> bool:
+  """True while updates go straight to this replica's copy (no aggregation)."""
+  return getattr(_local, "local_writes", False)
+
+
+@contextlib.contextmanager
+def writing_locally():
+  """Inside, variable updates skip cross-replica aggregation.
+
+  The optimizer uses it: its inputs are already identical on every replica, so
+  each replica applies the same update to its own copy.
+  """
+  previous = local_writes()
+  _local.local_writes = True
+  try:
+    yield
+  finally:
+    _local.local_writes = previous
+
+
+class ReplicaGroup:
+  """Traces a function for every local replica, meeting at collectives.
+
+  Args:
+    devices: one device per local replica.
+    first_replica_id: global id of the first local replica.
+    num_replicas: replicas in the whole job.
+    build_only: trace replica 0 alone; collectives return values of the right
+      shape without communication. Used to create variables before the real
+      trace.
+  """
+
+  def __init__(self, devices: Sequence[str], first_replica_id: int,
+               num_replicas: int, build_only: bool = False):
+    self.devices = tuple(devices)
+    self.first_replica_id = first_replica_id
+    self.num_replicas = num_replicas
+    self.build_only = build_only
+    self._resume = [threading.Event() for _ in self.devices]
+    self._paused = threading.Semaphore(0)
+    self._arrivals = [None] * len(self.devices)
+    self._results = [None] * len(self.devices)
+    self._aborted = False
+
+  @property
+  def num_local(self) -> int:
+    return len(self.devices)
+
+  def run(self, fn: Callable, args_per_replica: Sequence[Sequence[Any]],
+          replica_scope: Callable[[int], Any]) -> List[Any]:
+    """Returns `[fn(*args_per_replica[r]) for r in local replicas]`, traced."""
+    if self.build_only:
+      replica = ReplicaContext(self, 0)
+      with _entered(replica), replica_scope(0):
+        return [fn(*args_per_replica[0])]
+    graph = tf.compat.v1.get_default_graph()
+    name_scope = graph.get_name_scope()
+    threads = [
+        threading.Thread(
+            target=self._trace_replica,
+            args=(r, fn, args_per_replica[r], graph, name_scope, replica_scope),
+            name=f"replicator-replica-{r}", daemon=True)
+        for r in range(self.num_local)
+    ]
+    for thread in threads:
+      thread.start()
+    try:
+      return self._drive()
+    finally:
+      self._abort()
+      for thread in threads:
+        thread.join()
+
+  def _drive(self) -> List[Any]:
+    while True:
+      for r in range(self.num_local):
+        self._resume[r].set()
+        self._paused.acquire()
+      kinds = [arrival[0] for arrival in self._arrivals]
+      for arrival in self._arrivals:
+        if arrival[0] == "error":
+          raise arrival[1]
+      if all(kind == "done" for kind in kinds):
+        return [arrival[1] for arrival in self._arrivals]
+      names = [arrival[1] if arrival[0] == "collective" else "return from step_fn"
+               for arrival in self._arrivals]
+      if len(set(names)) != 1:
+        raise RuntimeError(
+            "Replicas took different paths through step_fn: "
+            + ", ".join(f"replica {self.first_replica_id + r} reached {n}"
+                        for r, n in enumerate(names))
+            + ". Every replica must call the same collectives in the same "
+            "order (do not branch on the replica id around a collective).")
+      merge = self._arrivals[0][3]
+      self._results = merge([arrival[2] for arrival in self._arrivals])
+
+  def _trace_replica(self, r, fn, args, graph, name_scope, replica_scope):
+    self._resume[r].wait()
+    self._resume[r].clear()
+    if self._aborted:
+      return
+    try:
+      with graph.as_default(), graph.name_scope(name_scope + "/" if name_scope else None):
+        with _entered(ReplicaContext(self, r)), replica_scope(r):
+          self._arrivals[r] = ("done", fn(*args))
+    except _Aborted:
+      return
+    except BaseException as error:  # pylint: disable=broad-except
+      self._arrivals[r] = ("error", error)
+    self._paused.release()
+
+  def collective(self, index: int, name: str, flat_values, merge):
+    if self.build_only:
+      return merge([flat_values] * self.num_local)[0]
+    self._arrivals[index] = ("collective", name, flat_values, merge)
+    self._paused.release()
+    self._resume[index].wait()
+    self._resume[index].clear()
+    if self._aborted:
+      raise _Aborted()
+    return self._results[index]
+
+  def _abort(self):
+    self._aborted = True
+    for event in self._resume:
+      event.set()
+
+
+class _Aborted(BaseException):
+  """Unwinds a replica thread whose step trace was abandoned."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputContext:
+  """What `input_fn` needs to build this worker's part of the input.
+
+  >>> ctx = InputContext(num_input_pipelines=1, input_pipeline_id=0,
+  ...                    num_replicas_in_sync=4)
+  >>> ctx.per_replica_batch_size(256)
+  64
+  """
+  num_input_pipelines: int
+  input_pipeline_id: int
+  num_replicas_in_sync: int
+
+  def per_replica_batch_size(self, global_batch_size: int) -> int:
+    if global_batch_size % self.num_replicas_in_sync:
+      raise ValueError(
+          f"global_batch_size: {global_batch_size} is not divisible by the "
+          f"{self.num_replicas_in_sync} replicas; use a multiple of "
+          f"{self.num_replicas_in_sync}.")
+    return global_batch_size // self.num_replicas_in_sync
+
+
+class InputExhausted(tf.errors.OutOfRangeError):
+  """The input ran out: every replica stopped after `steps_completed` steps.
+
+  Attributes:
+    steps_completed: steps of this `run` call that ran before the input ended.
+    outputs: what `step_fn` returned on the last completed step (None if no
+      step ran).
+  """
+
+  def __init__(self, steps_completed: int, outputs=None):
+    super().__init__(
+        None, None,
+        f"The input ran out after {steps_completed} step(s) of this run() call; "
+        "call reset_input(input_fn) to start it again.")
+    self.steps_completed = steps_completed
+    self.outputs = outputs

@@ -1,0 +1,111 @@
+"""Where replicas live: an immutable `workers x devices_per_worker` description."""
+
+import dataclasses
+import re
+from typing import Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+_DEVICE_RE = re.compile(r"^(?:/job:[^/]+)?(?:/replica:\d+)?(?:/task:\d+)?/?(?:device:)?([A-Za-z_]+):(\d+)$")
+
+
+def canonical_device(name: str) -> str:
+  """Returns `name` as `TYPE:index` (e.g. `'/cpu:1'` -> `'CPU:1'`).
+
+  >>> canonical_device("/job:localhost/replica:0/task:0/device:CPU:1")
+  'CPU:1'
+  """
+  match = _DEVICE_RE.match(name.strip()) if isinstance(name, str) else None
+  if match is None:
+    raise ValueError(
+        f"devices: {name!r} is not a device name. Use names such as '/gpu:0', "
+        "'CPU:1' or '/job:localhost/replica:0/task:0/device:GPU:0'.")
+  return f"{match.group(1).upper()}:{int(match.group(2))}"
+
+
+def _local_devices(device_type: Optional[str]) -> Tuple[str, ...]:
+  types = [device_type.upper()] if device_type else ["GPU", "CPU"]
+  for kind in types:
+    found = tf.config.list_logical_devices(kind)
+    if found:
+      return tuple(canonical_device(d.name) for d in found)
+  raise ValueError(f"device_type: no local device of type {device_type!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+  """The replicas of a job: `num_workers` processes of `devices_per_worker` each.
+
+  Replica `r` lives on worker `r // devices_per_worker` and on that worker's
+  device `devices[r % devices_per_worker]`: the global replica id orders
+  replicas worker by worker. A `Mesh` is a value: hashable, comparable, and
+  free of any handle on the runtime.
+
+  >>> mesh = Mesh(devices=["/cpu:0"])
+  >>> mesh.num_replicas, mesh.is_chief
+  (1, True)
+  """
+
+  devices: Tuple[str, ...]
+  num_workers: int = 1
+  worker_index: int = 0
+  worker_addresses: Tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if isinstance(self.devices, str) or not isinstance(self.devices, Sequence):
+      raise ValueError(
+          f"devices: expected a list of device names, got {self.devices!r}.")
+    if not self.devices:
+      raise ValueError("devices: the list is empty; give at least one device.")
+    names = tuple(canonical_device(d) for d in self.devices)
+    seen = set()
+    for given, name in zip(self.devices, names):
+      if name in seen:
+        raise ValueError(
+            f"devices: {given!r} appears twice; each replica needs its own "
+            "device.")
+      seen.add(name)
+    if self.num_workers < 1:
+      raise ValueError(f"num_workers: must be >= 1, got {self.num_workers}.")
+    if not 0 <= self.worker_index < self.num_workers:
+      raise ValueError(
+          f"worker_index: must be in [0, {self.num_workers}), got "
+          f"{self.worker_index}.")
+    object.__setattr__(self, "devices", names)
+    object.__setattr__(self, "worker_addresses", tuple(self.worker_addresses))
+
+  @classmethod
+  def local(cls, device_type: Optional[str] = None) -> "Mesh":
+    """This process's devices: every GPU if there is one, else every logical CPU."""
+    return cls(devices=_local_devices(device_type))
+
+  def validate_local(self) -> None:
+    """Raises `ValueError` naming the first device this process does not have."""
+    known = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
+    for name in self.devices:
+      if name not in known:
+        raise ValueError(
+            f"devices: {name!r} is not a device of this process; it has "
+            f"{sorted(known)}. For several CPU replicas, split the CPU with "
+            "tf.config.set_logical_device_configuration (see "
+            "replicator.testing.configure_logical_cpus) before TensorFlow starts.")
+
+  @property
+  def devices_per_worker(self) -> int:
+    return len(self.devices)
+
+  @property
+  def num_replicas(self) -> int:
+    return self.num_workers * self.devices_per_worker
+
+  @property
+  def local_replica_ids(self) -> Tuple[int, ...]:
+    first = self.worker_index * self.devices_per_worker
+    return tuple(range(first, first + self.devices_per_worker))
+
+  @property
+  def is_chief(self) -> bool:
+    return self.worker_index == 0
+
+  def device_type(self) -> str:
+    return self.devices[0].split(":")[0]

@@ -1,0 +1,139 @@
+"""`wrap_optimizer`: any Sonnet 2 or Keras 3 optimizer, made replica-aware."""
+
+from typing import Optional, Sequence
+
+import keras
+import sonnet as snt
+import tensorflow as tf
+
+from replicator import collectives
+from replicator import context
+from replicator import replica_ops
+
+
+def _kind(optimizer) -> str:
+  if isinstance(optimizer, keras.optimizers.Optimizer):
+    return "keras"
+  if isinstance(optimizer, snt.Optimizer):
+    return "sonnet"
+  raise TypeError(
+      f"optimizer: expected a Sonnet 2 optimizer (snt.optimizers.*) or a Keras 3 "
+      f"optimizer (keras.optimizers.*), got {type(optimizer).__name__} "
+      f"({optimizer!r}). Create one, e.g. snt.optimizers.Adam(1e-3), and pass "
+      "it to repl.wrap_optimizer.")
+
+
+class ReplicatedOptimizer(tf.Module):
+  """Averages gradients over replicas, then applies the base optimizer once.
+
+  Built by `Replicator.wrap_optimizer`; it has the methods of the optimizer it
+  wraps (`apply` for Sonnet; `apply_gradients` and `apply` for Keras) and
+  forwards every other attribute (`learning_rate`, `iterations`, ...) to it.
+  """
+
+  def __init__(self, optimizer, *, clip_global_norm: Optional[float] = None,
+               gradient_reduction=collectives.ReduceOp.MEAN,
+               accumulate_steps: int = 1,
+               all_reduce: Optional[collectives.AllReduceOptions] = None):
+    super().__init__(name="replicated_optimizer")
+    self._kind = _kind(optimizer)
+    if gradient_reduction not in (collectives.ReduceOp.MEAN,
+                                  collectives.ReduceOp.SUM):
+      raise ValueError(
+          f"gradient_reduction: expected ReduceOp.MEAN (loss is a per-replica "
+          f"mean) or ReduceOp.SUM (loss already divided by the global batch), "
+          f"got {gradient_reduction!r}.")
+    if clip_global_norm is not None and not clip_global_norm > 0:
+      raise ValueError(
+          f"clip_global_norm: expected a positive number or None, got "
+          f"{clip_global_norm!r}.")
+    if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
+      raise ValueError(
+          f"accumulate_steps: expected an int >= 1, got {accumulate_steps!r}.")
+    if all_reduce is not None and not isinstance(
+        all_reduce, collectives.AllReduceOptions):
+      raise TypeError(
+          f"all_reduce: expected replicator.AllReduceOptions, got {all_reduce!r}.")
+    self._base = optimizer
+    self._clip_global_norm = clip_global_norm
+    self._gradient_reduction = gradient_reduction
+    self._accumulate_steps = accumulate_steps
+    self._all_reduce = all_reduce or collectives.AllReduceOptions()
+    self._accumulators = None
+    self._accumulated = None
+
+  @property
+  def optimizer(self):
+    """The wrapped optimizer."""
+    return self._base
+
+  def __getattr__(self, name):
+    if name.startswith("__") or name == "_base":
+      raise AttributeError(name)
+    return getattr(self._base, name)
+
+  # Sonnet: apply(updates, parameters). Keras: apply(grads, trainable_variables).
+  def apply(self, updates: Sequence, parameters: Sequence = None):
+    if parameters is None:
+      if self._kind != "keras":
+        raise TypeError("apply: parameters is required for a Sonnet optimizer.")
+      parameters = self._base._trainable_variables  # pylint: disable=protected-access
+    return self._apply(list(updates), list(parameters))
+
+  def apply_gradients(self, grads_and_vars):
+    if self._kind != "keras":
+      raise AttributeError(
+          "apply_gradients is the Keras method; a Sonnet optimizer takes "
+          "apply(updates, parameters).")
+    pairs = list(grads_and_vars)
+    return self._apply([g for g, _ in pairs], [v for _, v in pairs])
+
+  def _apply(self, grads, variables):
+    if len(grads) != len(variables):
+      raise ValueError(
+          f"updates/parameters: got {len(grads)} gradients for "
+          f"{len(variables)} variables; pass one gradient (or None) per "
+          "variable, e.g. tape.gradient(loss, variables).")
+    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    if not pairs:
+      return None
+    grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+    replica = context.current()
+    if replica is None:  # outside a step: a plain update of every copy
+      return self._base.apply(grads, variables)
+    grads = replica_ops.all_reduce(grads, self._gradient_reduction,
+                                   self._all_reduce)
+    with context.writing_locally():
+      if self._accumulate_steps == 1:
+        return self._update(grads, variables)
+      return self._accumulate(grads, variables, replica.group.build_only)
+
+  def _update(self, grads, variables):
+    if self._clip_global_norm is not None:
+      grads, _ = tf.clip_by_global_norm(grads, self._clip_global_norm)
+    return self._base.apply(grads, variables)
+
+  def _accumulate(self, grads, variables, build_only):
+    if self._accumulators is None:
+      self._accumulators = [
+          tf.Variable(tf.zeros_like(v), trainable=False, name="accumulator")
+          for v in variables]
+      self._accumulated = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                      name="accumulated_steps")
+    if build_only:  # trace the update unconditionally so slots get created
+      self._update(grads, variables)
+    for accumulator, grad in zip(self._accumulators, grads):
+      accumulator.assign_add(tf.cast(grad, accumulator.dtype))
+    count = self._accumulated.assign_add(1)
+
+    def apply_accumulated():
+      scale = 1.0 / self._accumulate_steps
+      mean = [tf.cast(a.read_value() * scale, g.dtype)
+              for a, g in zip(self._accumulators, grads)]
+      self._update(mean, variables)  # auto control deps: reads, then resets
+      for accumulator in self._accumulators:
+        accumulator.assign(tf.zeros_like(accumulator))
+      return tf.constant(True)
+
+    return tf.cond(count % self._accumulate_steps == 0, apply_accumulated,
+                   lambda: tf.constant(False))

@@ -1,0 +1,163 @@
+"""A compiled step: `steps` iterations of step_fn on every replica, one call.
+
+Compilation happens in two traces. The first traces replica 0 alone inside a
+throwaway `tf.function`, with a variable factory active: modules built on first
+call and optimizer slots are created there and initialized by `tf.function`'s
+own lifting, exactly as in single-device code, then copied to every replica.
+The second traces all replicas into the real loop, where creating a variable
+is an error.
+"""
+
+import contextlib
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+
+from replicator import context
+from replicator import variables
+
+
+def _to_spec(value):
+  if isinstance(value, tf.Tensor):
+    return tf.TensorSpec(value.shape, value.dtype)
+  return value
+
+
+def check_outputs(outputs, step_fn):
+  def check(leaf):
+    if leaf is None or isinstance(leaf, tf.Tensor):
+      return leaf
+    if isinstance(leaf, tf.Variable):
+      return tf.convert_to_tensor(leaf)
+    raise TypeError(
+        f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned "
+        f"{type(leaf).__name__} {leaf!r} in {outputs!r}; return tensors (wrap "
+        "Python numbers with tf.constant, or leave them out).")
+  return tf.nest.map_structure(check, outputs)
+
+
+class CompiledStep:
+  """The loop for one `(step_fn, input_fn)` pair on one replicator."""
+
+  def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
+               first_replica_id: int, num_replicas: int,
+               factory: variables.VariableFactory, jit_compile: bool):
+    self._step_fn = step_fn
+    self._element_spec = element_spec
+    self._devices = tuple(devices)
+    self._first_replica_id = first_replica_id
+    self._num_replicas = num_replicas
+    self._factory = factory
+    self._jit_compile = jit_compile
+    self._output_spec = None
+    self._loop = tf.function(self._trace_loop, autograph=False)
+    self._replicated_step = tf.function(self._trace_step, autograph=False,
+                                        jit_compile=jit_compile)
+
+  @property
+  def element_spec(self):
+    return self._element_spec
+
+  def __call__(self, iterator, steps: int, args: Sequence[Any]):
+    if self._output_spec is None:
+      self._build(args)
+    return self._loop(iterator, tf.constant(steps, tf.int64), tuple(args))
+
+  def _group(self, build_only: bool) -> context.ReplicaGroup:
+    return context.ReplicaGroup(self._devices, self._first_replica_id,
+                                self._num_replicas, build_only=build_only)
+
+  def _replica_scope(self, creating: bool):
+    @contextlib.contextmanager
+    def scope(r):
+      with tf.device(self._devices[r]), tf.name_scope(f"replica_{r}"):
+        if creating:
+          with self._factory.scope():
+            yield
+        else:
+          with variables.no_creation("after its first run"):
+            yield
+    return scope
+
+  def _build(self, args):
+    """First trace: replica 0 alone, creating variables and finding outputs."""
+    step_fn = self._converted_in_function()
+
+    def trace(*batch):
+      inputs = tuple(batch) + tuple(args)
+      outputs = self._group(build_only=True).run(
+          step_fn, [inputs], self._replica_scope(creating=True))[0]
+      return check_outputs(outputs, self._step_fn)
+
+    specs = () if self._element_spec is None else (self._element_spec,)
+    with self._factory.scope():
+      concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
+    self._factory.materialize_pending()
+    self._output_spec = tf.nest.map_structure(_to_spec,
+                                              concrete.structured_outputs)
+
+  def _converted_in_function(self):
+    step_fn = self._step_fn
+
+    def call(*inputs):
+      return tf.__internal__.autograph.tf_convert(
+          step_fn, tf.__internal__.autograph.control_status_ctx())(*inputs)
+    return call
+
+  def _trace_step(self, batches, args):
+    step_fn = self._converted_in_function()
+    per_replica = [(tuple(b) if b is not None else ()) + tuple(args)
+                   for b in batches]
+    outputs = self._group(build_only=False).run(
+        step_fn, per_replica, self._replica_scope(creating=False))
+    outputs = [check_outputs(o, self._step_fn) for o in outputs]
+    return tf.nest.map_structure(lambda *xs: tf.stack(xs), *outputs)
+
+  def _initial_outputs(self):
+    n = len(self._devices)
+
+    def zeros(spec):
+      shape = [n] + [d if d is not None else 0 for d in spec.shape.as_list()]
+      return tf.zeros(shape, spec.dtype)
+    return tf.nest.map_structure(zeros, self._output_spec)
+
+  def _invariants(self):
+    n = len(self._devices)
+    return tf.nest.map_structure(
+        lambda spec: tf.TensorShape([n]).concatenate(spec.shape),
+        self._output_spec)
+
+  def _trace_loop(self, iterator, steps, args):
+    n = len(self._devices)
+
+    def body(i, done, outputs):
+      if iterator is None:
+        return i + 1, done, self._replicated_step([None] * n, args)
+      optionals = [iterator.get_next_as_optional() for _ in range(n)]
+      ready = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
+
+      def step():
+        batches = [(o.get_value(),) for o in optionals]
+        return i + 1, tf.constant(False), self._replicated_step(batches, args)
+
+      return tf.cond(ready, step, lambda: (i, tf.constant(True), outputs))
+
+    completed, _, outputs = tf.while_loop(
+        lambda i, done, _: tf.logical_and(i < steps, tf.logical_not(done)),
+        body,
+        (tf.constant(0, tf.int64), tf.constant(False), self._initial_outputs()),
+        shape_invariants=(tf.TensorShape([]), tf.TensorShape([]),
+                          self._invariants()))
+    self._check_variables(tf.compat.v1.get_default_graph())
+    return completed, outputs
+
+  def _check_variables(self, graph):
+    if len(self._devices) < 2:
+      return
+    for variable in graph._watched_variables:  # pylint: disable=protected-access
+      if not variables.is_component(variable):
+        raise ValueError(
+            f"step_fn uses the variable {variable.name!r}, which was created "
+            "outside every replicator context, so each replica would update "
+            "one shared copy. Create it inside `with repl.context():` (or on "
+            "the first run of the step).")

@@ -1,0 +1,85 @@
+"""`TpuReplicator`: Cloud/Colab TPUs, or their semantics emulated on the CPU."""
+
+import os
+from typing import Optional
+
+import tensorflow as tf
+
+from replicator import base
+from replicator.mesh import Mesh
+
+_SUPPORTED_CORES = (1, 2, 4, 8)
+
+
+def _check_cores(num_tpu_cores_per_worker):
+  if num_tpu_cores_per_worker not in _SUPPORTED_CORES:
+    raise ValueError(
+        f"num_tpu_cores_per_worker: {num_tpu_cores_per_worker!r} is not a TPU "
+        f"host size; use one of {_SUPPORTED_CORES} (v2/v3 hosts: 8 cores, v4: "
+        "4 chips, v5e-1: 1), or None to read it from the TPU.")
+
+
+def _tpu_address(tpu: Optional[str]) -> str:
+  if tpu is not None:
+    return tpu
+  if os.environ.get("TPU_NAME"):
+    return os.environ["TPU_NAME"]
+  if os.environ.get("COLAB_TPU_ADDR"):
+    return "grpc://" + os.environ["COLAB_TPU_ADDR"]
+  return "local"
+
+
+class TpuReplicator(base.Replicator):
+  """Replicas on the cores of a TPU, or emulated on the CPU.
+
+  With `emulate_on_cpu=True` the replicas of a step are compiled together as
+  one XLA computation on the CPU, so a step that cannot compile with static
+  shapes fails on a laptop first. XLA on CPU accepts some ops a TPU rejects
+  (dynamic-shape ops such as `tf.boolean_mask`), so passing the emulator is
+  necessary, not sufficient.
+
+  Args:
+    num_workers: TPU hosts (only 1 is supported in this version).
+    num_tpu_cores_per_worker: cores per host; None reads it from the TPU (8
+      when emulating).
+    tpu: TPU name or address; None tries `TPU_NAME`, `COLAB_TPU_ADDR`, then
+      `'local'` (a TPU VM).
+    emulate_on_cpu: run on the CPU with TPU semantics.
+  """
+
+  def __init__(self, num_workers: int = 1,
+               num_tpu_cores_per_worker: Optional[int] = None,
+               tpu: Optional[str] = None, emulate_on_cpu: bool = False):
+    if num_workers != 1:
+      raise NotImplementedError(
+          f"num_workers: {num_workers} TPU hosts requested; this version runs "
+          "one TPU host (num_workers=1).")
+    if num_tpu_cores_per_worker is not None:
+      _check_cores(num_tpu_cores_per_worker)
+    if emulate_on_cpu:
+      cores = num_tpu_cores_per_worker or 8
+      mesh = Mesh(devices=[f"TPU:{i}" for i in range(cores)])
+      super().__init__(mesh, placement=["CPU:0"] * cores, jit_compile=True)
+      return
+    address = _tpu_address(tpu)
+    try:
+      resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+      tf.config.experimental_connect_to_cluster(resolver)
+      tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+      raise RuntimeError(
+          f"TpuReplicator: no TPU reachable at {address!r} ({error}). On a "
+          "Cloud TPU VM or current Colab, install the tensorflow-tpu build; on a "
+          "TPU Node set TPU_NAME (or pass tpu='name'); to try TPU semantics "
+          "without a TPU, pass emulate_on_cpu=True.") from error
+    raise NotImplementedError(
+        "TpuReplicator: running on a real TPU is not available in this "
+        "version; use emulate_on_cpu=True.")
+
+  def _check_dataset(self, dataset, input_fn):
+    for spec in tf.nest.flatten(dataset.element_spec):
+      if not spec.shape.is_fully_defined():
+        raise ValueError(
+            f"input_fn: {getattr(input_fn, '__name__', input_fn)} gives "
+            f"elements of shape {spec.shape}; a TPU needs every dimension fixed. "
+            "Batch with drop_remainder=True and give images a fixed size.")

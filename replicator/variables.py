@@ -1,0 +1,246 @@
+"""Replicated variables: one copy per local replica, kept identical.
+
+Inside a step, replica `r` reads and writes its own copy. An assignment made
+inside a step is aggregated first (mean for floats, replica 0's value for
+integers, or the variable's own `aggregation`), so the copies never drift.
+Outside a step, reads see copy 0 and writes go to every copy.
+"""
+
+import contextlib
+import threading
+import weakref
+from typing import Callable, List, Sequence
+
+import tensorflow as tf
+from tensorflow.python.framework import tensor_conversion_registry
+from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.trackable import base as trackable
+
+from replicator import collectives
+from replicator import context
+
+_Aggregation = tf.VariableAggregation
+
+# Every per-replica copy made here; a step may only touch variables in it.
+_components = weakref.WeakValueDictionary()
+
+
+_local = threading.local()
+
+
+def is_component(variable) -> bool:
+  return _components.get(id(variable)) is variable
+
+
+@contextlib.contextmanager
+def replica_local():
+  """Variables created inside are per-replica state, never synchronized.
+
+  Used for random generator states, which must differ between replicas.
+  """
+
+  def register(next_creator, **kwargs):
+    variable = next_creator(**kwargs)
+    _components[id(variable)] = variable
+    return variable
+
+  previous = getattr(_local, "replica_local", False)
+  _local.replica_local = True
+  try:
+    with tf.variable_creator_scope(register):
+      yield
+  finally:
+    _local.replica_local = previous
+
+
+def _reduce_op(aggregation, dtype):
+  if aggregation == _Aggregation.SUM:
+    return collectives.ReduceOp.SUM
+  if aggregation == _Aggregation.ONLY_FIRST_REPLICA or not dtype.is_floating:
+    return None  # broadcast from the first replica
+  return collectives.ReduceOp.MEAN
+
+
+class ReplicatedVariable(tf.Variable):
+  """A `tf.Variable` with one copy on each local replica's device."""
+
+  def __init__(self, primary: tf.Variable, devices: Sequence[str],
+               aggregation=_Aggregation.NONE):
+    # pylint: disable=super-init-not-called
+    self._vars = [primary]
+    self._devices = tuple(devices)
+    self._aggregation = aggregation or _Aggregation.NONE
+    self._reduce_op = _reduce_op(self._aggregation, primary.dtype)
+    _components[id(primary)] = primary
+
+  def _materialize(self):
+    """Creates the copies of replicas 1.. from the (initialized) primary."""
+    primary = self._vars[0]
+    with tf.init_scope():
+      value = primary.read_value()
+      for device in self._devices[len(self._vars):]:
+        with tf.device(device):
+          copy = resource_variable_ops.ResourceVariable(
+              value, trainable=primary.trainable, dtype=primary.dtype,
+              shape=primary.shape,
+              name=primary.name.split(":")[0] + "_replica")
+        _components[id(copy)] = copy
+        self._vars.append(copy)
+
+  def _should_act_as_resource_variable(self):
+    """Makes `resource_variable_ops.is_resource_variable` accept it."""
+
+  @property
+  def replicas(self) -> List[tf.Variable]:
+    """The per-replica copies, in local replica order."""
+    return list(self._vars)
+
+  @property
+  def _current(self) -> tf.Variable:
+    replica = context.current()
+    return self._vars[replica.index if replica else 0]
+
+  # Reads and identity: delegated to this replica's copy.
+  name = property(lambda self: self._vars[0].name)
+  dtype = property(lambda self: self._vars[0].dtype)
+  shape = property(lambda self: self._vars[0].shape)
+  trainable = property(lambda self: self._vars[0].trainable)
+  constraint = property(lambda self: self._vars[0].constraint)
+  synchronization = property(lambda self: self._vars[0].synchronization)
+  aggregation = property(lambda self: self._aggregation)
+  _unique_id = property(lambda self: self._vars[0]._unique_id)  # pylint: disable=protected-access
+  _shared_name = property(lambda self: self._vars[0]._shared_name)  # pylint: disable=protected-access
+  _in_graph_mode = property(lambda self: self._vars[0]._in_graph_mode)  # pylint: disable=protected-access
+  device = property(lambda self: self._current.device)
+  handle = property(lambda self: self._current.handle)
+  graph = property(lambda self: self._current.graph)
+  initializer = property(lambda self: self._vars[0].initializer)
+  initial_value = property(lambda self: self._vars[0].initial_value)
+
+  def get_shape(self):
+    return self.shape
+
+  def value(self):
+    return self._current.value()
+
+  def read_value(self):
+    return self._current.read_value()
+
+  def numpy(self):
+    return self._vars[0].numpy()
+
+  def sparse_read(self, indices, name=None):
+    return self._current.sparse_read(indices, name=name)
+
+  def gather_nd(self, indices, name=None):
+    return self._current.gather_nd(indices, name=name)
+
+  def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+    return self._current._dense_var_to_tensor(  # pylint: disable=protected-access
+        dtype=dtype, name=name, as_ref=as_ref)
+
+  def __repr__(self):
+    return (f"<replicator.ReplicatedVariable {self.name!r} shape={self.shape} "
+            f"dtype={self.dtype.name} replicas={len(self._vars)}>")
+
+  # Writes.
+  def _update(self, method: str, value, **kwargs):
+    replica = context.current()
+    if replica is None:
+      ops = [getattr(v, method)(value, **kwargs) for v in self._vars]
+      return ops[0] if kwargs.get("read_value", True) else tf.group(ops)
+    if not context.local_writes() and replica.group.num_replicas > 1:
+      value = self._aggregate(replica, tf.convert_to_tensor(value, self.dtype))
+    return getattr(self._vars[replica.index], method)(value, **kwargs)
+
+  def _aggregate(self, replica, value):
+    devices = replica.group.devices
+    num_replicas = replica.group.num_replicas
+    op = self._reduce_op
+    if op is None:
+      merge = lambda values: collectives.broadcast(values, 0, devices)
+    else:
+      merge = lambda values: collectives.all_reduce(
+          values, op, devices, num_replicas=num_replicas)
+    return replica.collective(f"an update of variable {self.name}", [value],
+                              merge)[0]
+
+  def assign(self, value, use_locking=None, name=None, read_value=True):
+    return self._update("assign", value, read_value=read_value)
+
+  def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+    return self._update("assign_add", delta, read_value=read_value)
+
+  def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+    return self._update("assign_sub", delta, read_value=read_value)
+
+  # Checkpoints hold one copy; restoring writes every copy.
+  def _serialize_to_tensors(self):
+    return {trackable.VARIABLE_VALUE_KEY: self._vars[0]}
+
+  def _restore_from_tensors(self, restored_tensors):
+    value = restored_tensors[trackable.VARIABLE_VALUE_KEY]
+    return tf.group([v.assign(value) for v in self._vars])
+
+  def _export_to_saved_model_graph(self, object_map, tensor_map, options,
+                                   **kwargs):
+    first = self._vars[0]
+    resources = first._export_to_saved_model_graph(  # pylint: disable=protected-access
+        object_map, tensor_map, options, **kwargs)
+    object_map[self] = object_map[first]
+    tensor_map[self] = tensor_map[first.handle]
+    return resources
+
+
+tensor_conversion_registry.register_tensor_conversion_function(
+    ReplicatedVariable,
+    lambda var, dtype=None, name=None, as_ref=False: var._dense_var_to_tensor(  # pylint: disable=protected-access
+        dtype=dtype, name=name, as_ref=as_ref))
+
+
+class VariableFactory:
+  """Creates `ReplicatedVariable`s for variables made under `scope()`."""
+
+  def __init__(self, devices: Sequence[str]):
+    self._devices = tuple(devices)
+    self._pending: List[ReplicatedVariable] = []
+
+  def _create(self, next_creator: Callable, **kwargs) -> ReplicatedVariable:
+    if getattr(_local, "replica_local", False):
+      return next_creator(**kwargs)
+    with tf.device(self._devices[0]):
+      primary = next_creator(**kwargs)
+    variable = ReplicatedVariable(primary, self._devices,
+                                  kwargs.get("aggregation"))
+    if tf.executing_eagerly():
+      variable._materialize()  # pylint: disable=protected-access
+    else:
+      self._pending.append(variable)
+    return variable
+
+  @contextlib.contextmanager
+  def scope(self):
+    with tf.variable_creator_scope(self._create):
+      yield
+
+  def materialize_pending(self):
+    """Copies the variables created while tracing, once they are initialized."""
+    pending, self._pending = self._pending, []
+    for variable in pending:
+      variable._materialize()  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def no_creation(where: str):
+  """Inside, creating a variable raises an error that says why."""
+
+  def refuse(next_creator, **kwargs):
+    del next_creator
+    raise RuntimeError(
+        f"step_fn created the variable {kwargs.get('name')!r} {where}. "
+        "Variables may be created on the first run of a step, or inside "
+        "repl.context(); create it there, or make step_fn take the same path "
+        "on every call.")
+
+  with tf.variable_creator_scope(refuse):
+    yield

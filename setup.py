@@ -1,0 +1,22 @@
+"""replicator: write the step for one device, run it on many (TF 2 + Sonnet 2)."""
+
+import setuptools
+
+setuptools.setup(
+    name="replicator",
+    version="0.1.0",
+    description=("TF-Replicator-style data parallelism for TensorFlow 2 and "
+                 "Sonnet 2: one-device research code on many GPUs, workers "
+                 "or a TPU."),
+    packages=setuptools.find_packages(include=["replicator", "replicator.*"]),
+    python_requires=">=3.10",
+    # TensorFlow comes through an extra so that an installed tensorflow-tpu or
+    # tensorflow-cpu build is never shadowed by a second TensorFlow.
+    install_requires=["dm-sonnet>=2.0.2", "numpy", "absl-py"],
+    extras_require={
+        "tf": ["tensorflow>=2.16"],
+        "tf-cpu": ["tensorflow-cpu>=2.16"],
+        "test": ["pytest"],
+        "examples": ["matplotlib", "tensorflow-datasets"],
+    },
+)

@@ -1,0 +1,188 @@
+"""Every input path of examples/resnet on small generated files."""
+
+import gzip
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import replicator
+from examples.resnet import data
+
+IMAGE_SIZE = 16
+
+
+def _ctx(num_pipelines=1, pipeline_id=0, num_replicas=1):
+  return replicator.InputContext(num_input_pipelines=num_pipelines,
+                                 input_pipeline_id=pipeline_id,
+                                 num_replicas_in_sync=num_replicas)
+
+
+def _image(rng, height, width):
+  return rng.integers(0, 256, [height, width, 3], dtype=np.uint8)
+
+
+def _collect(ds, num_batches=None):
+  batches = list(ds.take(num_batches) if num_batches else ds)
+  return [np.concatenate([b[i].numpy() for b in batches]) for i in range(len(batches[0]))]
+
+
+def _example(encoded, label):
+  return tf.train.Example(features=tf.train.Features(feature={
+      "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded])),
+      "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+  })).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def tfrecord_dir(tmp_path_factory):
+  """Two train shards and one validation shard; labels 1..1000 as in the ImageNet set."""
+  root = tmp_path_factory.mktemp("tfrecords")
+  rng = np.random.default_rng(0)
+  labels = {"train-00000-of-00002": [1, 2, 3, 4, 5], "train-00001-of-00002": [6, 7, 8],
+            "validation-00000-of-00001": [1, 500, 1000, 7, 9]}
+  for name, shard_labels in labels.items():
+    with tf.io.TFRecordWriter(str(root / name)) as writer:
+      for label in shard_labels:
+        jpeg = tf.io.encode_jpeg(_image(rng, 20 + label % 7, 24)).numpy()
+        writer.write(_example(jpeg, label))
+  return str(root)
+
+
+def test_tfrecord_labels_shift_to_zero_based(tfrecord_dir):
+  input_fn = data.make_input_fn("imagenet_tfrecord", False, 2, tfrecord_dir,
+                                image_size=IMAGE_SIZE)
+  images, labels, weights = _collect(input_fn(_ctx()))
+  real = weights == 1
+  assert sorted(labels[real]) == [0, 6, 8, 499, 999]
+  assert images.shape[1:] == (IMAGE_SIZE, IMAGE_SIZE, 3)
+  assert weights.sum() == 5 and len(weights) == 6  # the last batch of 2 is padded
+
+
+def test_tfrecord_train_batches(tfrecord_dir):
+  input_fn = data.make_input_fn("imagenet_tfrecord", True, 4, tfrecord_dir,
+                                image_size=IMAGE_SIZE, shuffle_buffer=8)
+  images, labels = _collect(input_fn(_ctx()), num_batches=5)
+  assert images.shape == (20, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == np.float32
+  assert set(labels) == set(range(8))  # repeats; 1..8 became 0..7
+  assert -3 < images.min() < images.max() < 3  # normalised
+
+
+@pytest.mark.parametrize("split_files", [True, False])
+def test_tfrecord_workers_read_disjoint_parts(tfrecord_dir, split_files, tmp_path):
+  """Two workers: whole files each when there are enough, else every other example."""
+  data_dir = tfrecord_dir
+  if not split_files:  # One training file for two workers.
+    data_dir = str(tmp_path)
+    records = [r.numpy() for r in tf.data.TFRecordDataset(
+        sorted(tf.io.gfile.glob(os.path.join(tfrecord_dir, "train-*"))))]
+    with tf.io.TFRecordWriter(os.path.join(data_dir, "train-00000-of-00001")) as writer:
+      for record in records:
+        writer.write(record)
+  per_worker = [sorted(int(y) for _, y in data.tfrecord_source(data_dir, True, _ctx(2, i)))
+                for i in range(2)]
+  assert not set(per_worker[0]) & set(per_worker[1])
+  assert sorted(per_worker[0] + per_worker[1]) == list(range(8))
+
+
+@pytest.fixture(scope="module")
+def folder_dir(tmp_path_factory):
+  """train/ and validation/ with a JPEG and a PNG class; class ids in sorted order."""
+  root = tmp_path_factory.mktemp("folder")
+  rng = np.random.default_rng(1)
+  for split, count in (("train", 3), ("validation", 2)):
+    for name, encode, ext in (("b_dog", tf.io.encode_png, "png"),
+                              ("a_cat", tf.io.encode_jpeg, "JPEG")):
+      os.makedirs(root / split / name)
+      for i in range(count):
+        (root / split / name / f"{i}.{ext}").write_bytes(
+            encode(_image(rng, 18 + i, 30)).numpy())
+      (root / split / name / "notes.txt").write_text("not an image")
+  return str(root)
+
+
+def test_image_folder(folder_dir):
+  info = data.dataset_info("image_folder", folder_dir, IMAGE_SIZE)
+  assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (2, 6, 4)
+  train_fn = data.make_input_fn("image_folder", True, 3, folder_dir, image_size=IMAGE_SIZE)
+  images, labels = _collect(train_fn(_ctx()), num_batches=4)
+  assert images.shape == (12, IMAGE_SIZE, IMAGE_SIZE, 3)
+  assert sorted(set(labels)) == [0, 1]
+  eval_fn = data.make_input_fn("image_folder", False, 2, folder_dir, image_size=IMAGE_SIZE)
+  _, labels, weights = _collect(eval_fn(_ctx()))
+  assert list(labels) == [0, 0, 1, 1] and weights.sum() == 4
+
+
+def test_mock_tfds_imagenet():
+  tfds = pytest.importorskip("tensorflow_datasets")
+  with tfds.testing.mock_data(num_examples=6):
+    for is_training in (True, False):
+      input_fn = data.make_input_fn("imagenet_tfds", is_training, 4, "/nonexistent",
+                                    image_size=IMAGE_SIZE)
+      batch = next(iter(input_fn(_ctx())))
+      assert batch[0].shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3)
+      assert batch[1].dtype == tf.int32 and 0 <= batch[1].numpy().min() < 1000
+
+
+def _write_idx(path, array):
+  header = bytes([0, 0, 8, array.ndim]) + b"".join(
+      int(d).to_bytes(4, "big") for d in array.shape)
+  with gzip.open(path, "wb") as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_from_idx_files(tmp_path):
+  rng = np.random.default_rng(2)
+  for prefix, n in (("train", 12), ("t10k", 5)):
+    _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, [n, 28, 28]))
+    _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+  images, labels = data.load_fashion_mnist(str(tmp_path), is_training=False)
+  assert images.shape == (5, 28, 28, 1) and list(labels) == [0, 1, 2, 3, 4]
+  # Two replicas on one worker: the padded last step gives each replica a batch.
+  eval_fn = data.make_input_fn("fashion_mnist", False, 4, str(tmp_path))
+  batches = list(eval_fn(_ctx(num_replicas=2)))
+  assert len(batches) % 2 == 0
+  _, labels, weights = _collect(eval_fn(_ctx(num_replicas=2)))
+  assert sorted(labels[weights == 1]) == [0, 1, 2, 3, 4]
+  train_fn = data.make_input_fn("fashion_mnist", True, 4, str(tmp_path))
+  images, labels = _collect(train_fn(_ctx(num_replicas=2)), num_batches=6)
+  assert images.shape == (12, 28, 28, 1) and sorted(labels) == sorted(np.arange(12) % 10)
+
+
+@pytest.mark.skipif(not os.path.exists(data.FASHION_MNIST_DIR),
+                    reason="Debian package dataset-fashion-mnist not installed")
+def test_fashion_mnist_installed():
+  images, labels = data.load_fashion_mnist(data.FASHION_MNIST_DIR, is_training=False)
+  assert images.shape == (10_000, 28, 28, 1) and np.bincount(labels).tolist() == [1000] * 10
+
+
+def test_synthetic():
+  train = next(iter(data.make_input_fn("synthetic", True, 8, image_size=IMAGE_SIZE,
+                                       num_classes=5)(_ctx(num_replicas=2))))
+  assert train[0].shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3) and train[1].numpy().max() < 5
+  _, _, weights = _collect(data.make_input_fn("synthetic", False, 8, image_size=IMAGE_SIZE,
+                                              num_classes=5)(_ctx()))
+  assert weights.sum() == 256
+
+
+def test_eval_preprocessing_crops_the_center():
+  """Resize the shorter side to size / 0.875, then crop the middle square."""
+  image = np.zeros([64, 128, 3], np.uint8)
+  image[:, 56:72] = 255  # A vertical bar in the middle of the image.
+  out = data.preprocess_for_eval(tf.io.encode_png(image), image_size=28).numpy()
+  assert out.shape == (28, 28, 3)
+  bright = out[14, :, 0] > 0
+  # 64 -> 32 px high, so the bar spans 8 px, centred in the 28 px crop.
+  assert bright.sum() == 8 and bright[10:18].all()
+
+
+def test_train_preprocessing_flips_and_crops():
+  rng = np.random.default_rng(3)
+  image = _image(rng, 40, 60)
+  outs = [data.preprocess_for_train(tf.constant(image), IMAGE_SIZE).numpy()
+          for _ in range(8)]
+  assert all(o.shape == (IMAGE_SIZE, IMAGE_SIZE, 3) for o in outs)
+  assert len({o.tobytes() for o in outs}) == 8  # random crops
+  jpeg_out = data.preprocess_for_train(tf.io.encode_jpeg(image), IMAGE_SIZE)
+  assert jpeg_out.shape == (IMAGE_SIZE, IMAGE_SIZE, 3)

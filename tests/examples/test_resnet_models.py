@@ -1,0 +1,111 @@
+"""Shapes, parameter counts and the large-batch details of the examples/resnet models."""
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+from examples.resnet import models
+
+
+def _num_parameters(module):
+  return sum(int(np.prod(v.shape)) for v in module.trainable_variables)
+
+
+@pytest.fixture(scope="module")
+def resnet50():
+  model = models.ResNet50(num_classes=1000)
+  # Parameter counts do not depend on the image size; 64x64 keeps the test fast.
+  logits = model(tf.zeros([2, 64, 64, 3]), is_training=False)
+  return model, logits
+
+
+def test_resnet50_shape_and_parameter_count(resnet50):
+  model, logits = resnet50
+  assert logits.shape == (2, 1000) and logits.dtype == tf.float32
+  # ResNet-50 v1.5 as in the reference implementations: 25.6M.
+  assert _num_parameters(model) == 25_557_032
+  assert len(model.blocks) == 16
+
+
+def test_resnet50_full_resolution_feature_map():
+  model = models.ResNet50(num_classes=7)
+  images = tf.zeros([1, 224, 224, 3])
+  x = model.stem(images, is_training=False)
+  assert x.shape == (1, 112, 112, 64)
+  x = tf.nn.max_pool2d(x, 3, 2, "SAME")
+  for block in model.blocks:
+    x = block(x, is_training=False)
+  assert x.shape == (1, 7, 7, 2048)
+  assert model(images, is_training=False).shape == (1, 7)
+
+
+def test_resnet50_v1_5_strides_on_the_3x3(resnet50):
+  model, _ = resnet50
+  first_of_stage2 = model.blocks[3]
+  a, b, c = first_of_stage2.layers
+  assert (a.conv.kernel_size, a.conv.stride) == (1, 1)
+  assert (b.conv.kernel_size, b.conv.stride) == (3, 2)
+  assert (c.conv.kernel_size, c.conv.stride) == (1, 1)
+  assert first_of_stage2.shortcut.conv.stride == 2
+
+
+def test_resnet20_shapes_and_parameter_count():
+  model = models.ResNet20(num_classes=10)
+  assert model(tf.zeros([3, 28, 28, 1]), is_training=True).shape == (3, 10)
+  assert model(tf.zeros([3, 32, 32, 1]), is_training=False).shape == (3, 10)
+  # 20 weighted layers: 19 convs and the classifier (+ 2 projection shortcuts).
+  convs = [m for m in model.submodules if isinstance(m, models.Conv2D)]
+  assert len(convs) == 19 + 2
+
+
+def test_zero_init_of_last_bn_scale_makes_blocks_identity():
+  model = models.ResNet20()
+  model(tf.zeros([2, 28, 28, 1]), is_training=False)
+  for block in model.blocks:
+    last = block.layers[-1].norm
+    np.testing.assert_array_equal(last.scale.numpy(), 0.0)
+    assert np.all(block.layers[0].norm.scale.numpy() == 1.0)
+  # An identity block (no projection) then passes relu(x) through unchanged.
+  block = model.blocks[1]
+  x = tf.nn.relu(tf.random.normal([2, 28, 28, 16]))
+  np.testing.assert_allclose(block(x, is_training=True).numpy(), x.numpy())
+
+
+@pytest.mark.parametrize("factory", [models.ResNet20, models.ResNet50])
+def test_weight_decay_only_on_conv_and_linear_kernels(factory):
+  model = factory(num_classes=10)
+  size = 28 if factory is models.ResNet20 else 32
+  model(tf.zeros([1, size, size, 3]), is_training=False)
+  decayed = {v.ref() for v in model.weight_decay_variables}
+  kernels = [v for v in model.trainable_variables if v.shape.rank in (2, 4)]
+  assert decayed == {v.ref() for v in kernels}
+  others = [v.name for v in model.trainable_variables if v.ref() not in decayed]
+  assert others and all(("bn" in n or n.endswith("b:0")) for n in others)
+
+
+def test_bfloat16_compute_keeps_float32_variables_and_logits():
+  tf.random.set_seed(0)
+  images = tf.random.normal([4, 28, 28, 1])
+  f32 = models.ResNet20()
+  bf16 = models.ResNet20(compute_dtype=tf.bfloat16)
+  f32(images, is_training=True)
+  bf16(images, is_training=True)
+  assert all(v.dtype in (tf.float32, tf.int64) for v in bf16.variables)
+  for a, b in zip(f32.variables, bf16.variables):
+    # Unit last scales, so that every conv contributes to the logits.
+    b.assign(tf.ones_like(a) if a.shape.rank == 1 and not a.numpy().any() else a)
+    a.assign(b)
+  out32 = f32(images, is_training=True)
+  out16 = bf16(images, is_training=True)
+  assert out16.dtype == tf.float32
+  relative_error = np.linalg.norm(out16 - out32) / np.linalg.norm(out32)
+  assert 1e-5 < relative_error < 2e-2  # bfloat16 has an 8-bit mantissa
+
+
+def test_batch_norm_factory_options():
+  norm = models.batch_norm_factory(decay_rate=0.8)(snt.initializers.Zeros(), "bn")
+  assert isinstance(norm, snt.BatchNorm)
+  replicator = pytest.importorskip("replicator")
+  cross = models.batch_norm_factory(cross_replica=True)(None, "bn")
+  assert isinstance(cross, replicator.nn.CrossReplicaBatchNorm)
