@@ -12,9 +12,18 @@ import contextlib
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
+from tensorflow.python.autograph.core import config as autograph_config
 
 from replicator import context
 from replicator import variables
+
+# AutoGraph converts step_fn and what it calls; the library's own code is plain
+# Python that must run as written (as TensorFlow's, Keras's and Sonnet's do).
+if not any(getattr(rule, "module_prefix", None) == "replicator"
+           for rule in autograph_config.CONVERSION_RULES):
+  autograph_config.CONVERSION_RULES = (
+      (autograph_config.DoNotConvert("replicator"),)
+      + tuple(autograph_config.CONVERSION_RULES))
 
 
 def _to_spec(value):

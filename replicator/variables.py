@@ -206,10 +206,14 @@ class VariableFactory:
     self._pending: List[ReplicatedVariable] = []
 
   def _create(self, next_creator: Callable, **kwargs) -> ReplicatedVariable:
-    if getattr(_local, "replica_local", False):
-      return next_creator(**kwargs)
-    with tf.device(self._devices[0]):
-      primary = next_creator(**kwargs)
+    if getattr(_local, "replica_local", False) or getattr(_local, "creating", False):
+      return next_creator(**kwargs)  # nested scopes: replicate only once
+    _local.creating = True
+    try:
+      with tf.device(self._devices[0]):
+        primary = next_creator(**kwargs)
+    finally:
+      _local.creating = False
     variable = ReplicatedVariable(primary, self._devices,
                                   kwargs.get("aggregation"))
     if tf.executing_eagerly():
