@@ -129,6 +129,18 @@ class ReplicatedVariable(tf.Variable):
   def numpy(self):
     return self._vars[0].numpy()
 
+  def __array__(self, dtype=None):
+    return self._vars[0].__array__(dtype)
+
+  def __int__(self):
+    return int(self.numpy())
+
+  def __float__(self):
+    return float(self.numpy())
+
+  def __bool__(self):
+    return bool(self.numpy())
+
   def sparse_read(self, indices, name=None):
     return self._current.sparse_read(indices, name=name)
 

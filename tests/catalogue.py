@@ -1,0 +1,50 @@
+"""The replicators and small models that every property is tested over."""
+
+import numpy as np
+import sonnet as snt
+import tensorflow as tf
+
+import replicator
+
+# name -> (constructor, number of replicas)
+REPLICATORS = {
+    "gpu": (lambda: replicator.GpuReplicator(device="/cpu:0"), 1),
+    "multi_gpu_2": (lambda: replicator.MultiGpuReplicator(
+        devices=["/cpu:0", "/cpu:1"]), 2),
+    "multi_gpu_4": (lambda: replicator.MultiGpuReplicator(
+        devices=[f"/cpu:{i}" for i in range(4)]), 4),
+    "tpu_emulated_2": (lambda: replicator.TpuReplicator(
+        num_tpu_cores_per_worker=2, emulate_on_cpu=True), 2),
+}
+MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
+
+
+def make(name):
+  return REPLICATORS[name][0]()
+
+
+def classification_data(num_examples=640, features=8, classes=4, seed=0):
+  rng = np.random.RandomState(seed)
+  x = rng.randn(num_examples, features).astype(np.float32)
+  w = rng.randn(features, classes).astype(np.float32)
+  y = np.argmax(x @ w + 0.5 * rng.randn(num_examples, classes), -1)
+  return x, y.astype(np.int32)
+
+
+def mlp():
+  return snt.nets.MLP([16, 4], w_init=snt.initializers.VarianceScaling(seed=1),
+                      b_init=snt.initializers.RandomUniform(-0.1, 0.1, seed=2))
+
+
+def input_fn_for(x, y, global_batch, repeat=False):
+  def input_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if repeat:
+      ds = ds.repeat()
+    return ds.batch(ctx.per_replica_batch_size(global_batch), drop_remainder=True)
+  return input_fn
+
+
+def norm_relative(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)

@@ -1,0 +1,118 @@
+"""Every collective against NumPy, for 1, 2 and 4 replicas, nests and dtypes."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import catalogue
+import replicator
+from replicator import collectives
+
+DTYPES = [np.float32, np.float64, np.int32, np.int64]
+
+
+def per_replica_value(r, dtype, shape=(3, 2)):
+  base = np.arange(np.prod(shape)).reshape(shape) - 2
+  return (base * (r + 1) + r).astype(dtype)
+
+
+def run_collective(repl, fn):
+  n = repl.num_replicas
+
+  def step_fn():
+    r = repl.replica_id
+    values = {}
+    for dtype in DTYPES:
+      table = tf.constant(np.stack([per_replica_value(i, dtype) for i in range(n)]))
+      values[np.dtype(dtype).name] = tf.gather(table, r)
+    return fn(values)
+
+  return tf.nest.map_structure(lambda t: t.numpy(), repl.run(step_fn))
+
+
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("op", list(replicator.ReduceOp))
+def test_all_reduce_matches_numpy(name, op):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  numpy_op = {"SUM": np.sum, "MEAN": np.mean, "MAX": np.max, "MIN": np.min}[op.name]
+
+  def fn(values):
+    if op is replicator.ReduceOp.MEAN:
+      values = {k: v for k, v in values.items() if k.startswith("float")}
+    return repl.all_reduce(values, op)
+
+  out = run_collective(repl, fn)
+  for key, got in out.items():
+    stacked = np.stack([per_replica_value(i, np.dtype(key)) for i in range(n)])
+    want = numpy_op(stacked, axis=0).astype(key)
+    assert got.shape == (n,) + want.shape
+    assert got.dtype == np.dtype(key)
+    for r in range(n):
+      np.testing.assert_allclose(got[r], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4"])
+def test_all_gather_and_broadcast_match_numpy(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  source = n - 1
+  out = run_collective(repl, lambda v: {
+      "gather0": repl.all_gather(v, axis=0),
+      "gather1": repl.all_gather(v["float32"], axis=1),
+      "broadcast": repl.broadcast(v, source_replica=source),
+  })
+  for key in out["gather0"]:
+    parts = [per_replica_value(i, np.dtype(key)) for i in range(n)]
+    for r in range(n):
+      np.testing.assert_array_equal(out["gather0"][key][r], np.concatenate(parts, 0))
+      np.testing.assert_array_equal(out["broadcast"][key][r], parts[source])
+  parts = [per_replica_value(i, np.float32) for i in range(n)]
+  for r in range(n):
+    np.testing.assert_array_equal(out["gather1"][r], np.concatenate(parts, 1))
+
+
+def _reduce_in_graph(values, options):
+  devices = ["/device:CPU:0", "/device:CPU:1"]
+
+  @tf.function
+  def fn():
+    return collectives.all_reduce(
+        [[tf.constant(v) for v in replica] for replica in values],
+        replicator.ReduceOp.SUM, devices, options)
+
+  graph = fn.get_concrete_function().graph
+  adds = [op for op in graph.get_operations() if op.type in ("AddN", "AddV2")]
+  return fn(), len(adds)
+
+
+def test_gradients_are_packed_into_buckets():
+  rng = np.random.RandomState(0)
+  shapes = [(10,), (4, 5), (3,), (7, 2), (1,)] * 4  # 20 tensors, 84 floats each 5
+  values = [[rng.randn(*s).astype(np.float32) for s in shapes] for _ in range(2)]
+  values[0].append(np.arange(3, dtype=np.int32))  # a second dtype: its own bucket
+  values[1].append(np.arange(3, dtype=np.int32))
+  unlimited, adds = _reduce_in_graph(values, replicator.AllReduceOptions())
+  assert adds == 2  # one per dtype, not one per tensor
+  small, adds_small = _reduce_in_graph(
+      values, replicator.AllReduceOptions(pack_bytes=84 * 4))
+  assert 2 < adds_small < len(shapes)
+  for result in (unlimited, small):
+    for r in range(2):
+      for got, a, b in zip(result[r], values[0], values[1]):
+        np.testing.assert_allclose(got.numpy(), a + b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("compression,bound", [
+    (replicator.Compression.BF16, 2.0**-7), (replicator.Compression.FP16, 2.0**-10)])
+def test_compressed_all_reduce_error_is_bounded(compression, bound):
+  rng = np.random.RandomState(1)
+  values = [[rng.randn(1000).astype(np.float32)] for _ in range(2)]
+  result, _ = _reduce_in_graph(values, replicator.AllReduceOptions(compression=compression))
+  exact = values[0][0].astype(np.float64) + values[1][0]
+  got = result[0][0].numpy()
+  assert got.dtype == np.float32
+  scale = np.abs(values[0][0]) + np.abs(values[1][0])
+  # Two roundings of the inputs and one of the sum, each within half an ulp.
+  assert np.all(np.abs(got - exact) <= 1.5 * bound * scale + 1e-12)
+  assert np.max(np.abs(got - exact)) > 0  # it really was compressed

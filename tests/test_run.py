@@ -1,0 +1,137 @@
+"""`run`: several steps per call, outputs, input sharing and exhaustion."""
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import catalogue
+import replicator
+
+
+def _trainer(repl):
+  with repl.context():
+    model = catalogue.mlp()
+    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          batch[1], model(batch[0])))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    return {"loss": loss, "replica": repl.replica_id}
+
+  return model, step_fn
+
+
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_steps_k_equals_k_calls(name):
+  x, y = catalogue.classification_data()
+  results = []
+  for calls, steps in ((1, 6), (6, 1), (2, 3)):
+    tf.random.set_seed(0)
+    repl = catalogue.make(name)
+    model, step_fn = _trainer(repl)
+    input_fn = catalogue.input_fn_for(x, y, 32)
+    for _ in range(calls):
+      out = repl.run(step_fn, input_fn, steps=steps)
+    results.append(([v.numpy() for v in model.variables], out["loss"].numpy()))
+  for variables, loss in results[1:]:
+    np.testing.assert_array_equal(loss, results[0][1])
+    for a, b in zip(variables, results[0][0]):
+      np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_outputs_have_leading_replica_axis_in_id_order(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  out = repl.run(lambda scale: {"id": repl.replica_id,
+                                "vec": tf.fill([3], tf.cast(repl.replica_id, tf.float32) * scale)},
+                 args=(tf.constant(2.0),))
+  np.testing.assert_array_equal(out["id"].numpy(), np.arange(n))
+  assert out["vec"].shape == (n, 3)
+  np.testing.assert_array_equal(out["vec"].numpy()[:, 0], 2.0 * np.arange(n))
+
+
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_finite_input_stops_every_replica_at_the_same_step(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  per_replica = 4
+  num_batches = 5 * n + n - 1  # 5 full steps, then a partial group of batches
+
+  def input_fn(ctx):
+    ds = tf.data.Dataset.range(num_batches * per_replica)
+    return ds.batch(ctx.per_replica_batch_size(per_replica * n), drop_remainder=True)
+
+  with repl.context():
+    counter = tf.Variable(0, dtype=tf.int64)
+
+  def step_fn(batch):
+    counter.assign_add(1)
+    return tf.reduce_sum(batch)
+
+  out = repl.run(step_fn, input_fn, steps=2)
+  assert out.shape == (n,)
+  with pytest.raises(replicator.InputExhausted) as info:
+    repl.run(step_fn, input_fn, steps=10)
+  assert info.value.steps_completed == 3
+  assert isinstance(info.value, tf.errors.OutOfRangeError)
+  last = info.value.outputs.numpy()
+  # Step 5 used batches 4n .. 5n-1 (one per replica).
+  want = [sum(range((4 * n + r) * per_replica, (4 * n + r + 1) * per_replica))
+          for r in range(n)]
+  np.testing.assert_array_equal(last, want)
+  assert int(counter) == 5
+  for copy in counter.replicas:
+    assert int(copy.numpy()) == 5
+  with pytest.raises(replicator.InputExhausted) as again:
+    repl.run(step_fn, input_fn)
+  assert again.value.steps_completed == 0 and again.value.outputs is None
+  repl.reset_input(input_fn)
+  first = repl.run(step_fn, input_fn)
+  np.testing.assert_array_equal(
+      first.numpy(), [sum(range(r * per_replica, (r + 1) * per_replica)) for r in range(n)])
+
+
+def test_step_functions_with_the_same_input_fn_share_one_stream():
+  repl = catalogue.make("multi_gpu_2")
+
+  def input_fn(ctx):
+    return tf.data.Dataset.range(100).batch(1)
+
+  first = repl.run(lambda b: b[0], input_fn)
+  second = repl.run(lambda b: b[0] * 10, input_fn)
+  np.testing.assert_array_equal(first.numpy(), [0, 1])
+  np.testing.assert_array_equal(second.numpy(), [20, 30])
+
+
+def test_changing_steps_does_not_retrace():
+  repl = catalogue.make("multi_gpu_2")
+  traces = []
+
+  def step_fn(batch):
+    traces.append(1)
+    return batch
+
+  input_fn = lambda ctx: tf.data.Dataset.range(1000).batch(2)
+  repl.run(step_fn, input_fn, steps=1)
+  count = len(traces)
+  repl.run(step_fn, input_fn, steps=5)
+  repl.run(step_fn, input_fn, steps=7)
+  assert len(traces) == count
+
+
+def test_generator_step_without_input():
+  repl = catalogue.make("multi_gpu_4")
+  with repl.context():
+    total = tf.Variable(0.0)
+
+  def step_fn(delta):
+    total.assign_add(delta)  # aggregated: the mean of identical deltas
+    return total.read_value()
+
+  out = repl.run(step_fn, args=(tf.constant(1.5),), steps=4)
+  np.testing.assert_allclose(out.numpy(), [6.0] * 4)
