@@ -1,0 +1,40 @@
+"""CrossReplicaBatchNorm on N replicas equals snt.BatchNorm on the whole batch."""
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import catalogue
+import replicator
+
+
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_cross_replica_batch_norm_equals_batch_norm_on_the_global_batch(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  rng = np.random.RandomState(0)
+  data = (rng.randn(n * 6, 4, 4, 3) * [1.0, 2.0, 5.0] + [0.0, 1.0, -3.0]).astype(np.float32)
+  with repl.context():
+    cross = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.5)
+  reference = snt.BatchNorm(True, True, decay_rate=0.5)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(6, drop_remainder=True)
+
+  def step_fn(x):
+    return cross(x, is_training=True)
+
+  for _ in range(2):
+    out = repl.run(step_fn, input_fn).numpy()
+    repl.reset_input(input_fn)
+    want = reference(tf.constant(data), is_training=True).numpy()
+  np.testing.assert_allclose(out.reshape(want.shape), want, atol=2e-5)
+  for ours, theirs in ((cross.moving_mean.value, reference.moving_mean.value),
+                       (cross.moving_variance.value, reference.moving_variance.value)):
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+  repl.assert_replicas_in_sync(cross.variables)
+  test_out = repl.run(lambda x: cross(x, is_training=False), input_fn).numpy()
+  np.testing.assert_allclose(
+      test_out.reshape(want.shape),
+      reference(tf.constant(data), is_training=False).numpy(), atol=2e-5)

@@ -1,0 +1,110 @@
+"""Replica-safe state: aggregated assignments, counters, per-replica randomness."""
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import catalogue
+import replicator
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_replicas_stay_bit_identical_and_the_check_fires(name):
+  x, y = catalogue.classification_data()
+  repl = catalogue.make(name)
+  with repl.context():
+    model = catalogue.mlp()
+    bn = snt.BatchNorm(True, True)
+    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      hidden = bn(batch[0], is_training=True)
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          batch[1], model(hidden)))
+    variables = model.trainable_variables + bn.trainable_variables
+    optimizer.apply(tape.gradient(loss, variables), variables)
+    return loss
+
+  repl.run(step_fn, catalogue.input_fn_for(x, y, 32, repeat=True), steps=200)
+  everything = list(model.variables) + list(bn.variables) + list(optimizer.variables)
+  repl.assert_replicas_in_sync(everything)
+  target = model.variables[1]
+  target.replicas[-1].assign_add(tf.ones_like(target.replicas[-1]) * 1e-7)
+  with pytest.raises(replicator.ReplicasDiverged, match=target.name.split(":")[0]):
+    repl.assert_replicas_in_sync(everything)
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_float_assignments_average_and_integers_advance_once(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  with repl.context():
+    stat = tf.Variable(tf.zeros([3]))
+    counter = tf.Variable(0, dtype=tf.int64)
+    total = tf.Variable(0.0, aggregation=tf.VariableAggregation.SUM)
+
+  def step_fn():
+    r = tf.cast(repl.replica_id, tf.float32)
+    stat.assign(tf.fill([3], r))
+    counter.assign_add(1)
+    total.assign(r)
+    return stat.read_value()
+
+  out = repl.run(step_fn, steps=3)
+  mean_id = np.mean(np.arange(n))
+  np.testing.assert_allclose(out.numpy(), np.full((n, 3), mean_id))
+  for copy in stat.replicas:
+    np.testing.assert_allclose(copy.numpy(), [mean_id] * 3)
+  for copy in counter.replicas:
+    assert copy.numpy() == 3
+  for copy in total.replicas:
+    assert copy.numpy() == np.sum(np.arange(n))
+  repl.assert_replicas_in_sync([stat, counter, total])
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_batch_norm_statistics_are_the_mean_over_replicas(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  rng = np.random.RandomState(0)
+  data = (rng.randn(n * 8, 5) * np.arange(1, 6) + 3).astype(np.float32)
+  with repl.context():
+    bn = snt.BatchNorm(True, True, decay_rate=0.9)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(8, drop_remainder=True)
+
+  repl.run(lambda x: bn(x, is_training=True), input_fn)
+  shards = data.reshape(n, 8, 5)
+  local_means = shards.mean(axis=1)  # snt.BatchNorm uses local statistics
+  # The first EMA update is debiased: average == the (aggregated) value.
+  for copy in bn.moving_mean.average.replicas:
+    np.testing.assert_allclose(copy.numpy().ravel(), local_means.mean(0), rtol=1e-5)
+  repl.assert_replicas_in_sync(bn.variables)
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_random_draws_differ_between_replicas_and_repeat_with_the_seed(name):
+  def draw():
+    tf.random.set_seed(7)
+    repl = catalogue.make(name)
+    generator = repl.random_generator(seed=3)
+
+    def step_fn():
+      return {"op": tf.random.normal([4]), "op_seeded": tf.random.uniform([4], seed=5),
+              "generator": generator.normal([4])}
+    return {k: v.numpy() for k, v in repl.run(step_fn).items()}
+
+  first, second = draw(), draw()
+  # XLA (the TPU emulator, like a TPU) does not honour seeds of stateful
+  # tf.random ops; the generator's streams are reproducible everywhere.
+  reproducible = ["generator"] if name.startswith("tpu") else list(first)
+  for key, values in first.items():
+    n = values.shape[0]
+    for a in range(n):
+      for b in range(a + 1, n):
+        assert not np.allclose(values[a], values[b]), (key, a, b)
+    if key in reproducible:
+      np.testing.assert_array_equal(values, second[key])
