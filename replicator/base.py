@@ -101,20 +101,21 @@ class Replicator:
     """This replica's global id, a scalar int32 tensor."""
     return replica_ops.replica_id()
 
-  def all_reduce(self, value, op=ReduceOp.SUM):
-    return replica_ops.all_reduce(value, op, self._all_reduce)
+  def all_reduce(self, value, op=ReduceOp.SUM, method="all_reduce"):
+    """Reduces `value` (a tensor or nest) over all replicas with `op`."""
+    return replica_ops.all_reduce(value, op, self._all_reduce, method)
 
   def all_sum(self, value):
-    return self.all_reduce(value, ReduceOp.SUM)
+    return self.all_reduce(value, ReduceOp.SUM, "all_sum")
 
   def all_mean(self, value):
-    return self.all_reduce(value, ReduceOp.MEAN)
+    return self.all_reduce(value, ReduceOp.MEAN, "all_mean")
 
   def all_max(self, value):
-    return self.all_reduce(value, ReduceOp.MAX)
+    return self.all_reduce(value, ReduceOp.MAX, "all_max")
 
   def all_min(self, value):
-    return self.all_reduce(value, ReduceOp.MIN)
+    return self.all_reduce(value, ReduceOp.MIN, "all_min")
 
   def all_gather(self, value, axis: int = 0):
     return replica_ops.all_gather(value, axis)

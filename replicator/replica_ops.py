@@ -28,7 +28,7 @@ def _flatten(value, method):
 
 
 def _collective(method, value, merge_fn):
-  replica = current_replica(method)
+  replica = current_replica(method.split("(")[0])
   flat = _flatten(value, method)
   if not flat:
     return value
@@ -45,10 +45,11 @@ def replica_id() -> tf.Tensor:
 
 
 def all_reduce(value, op=collectives.ReduceOp.SUM,
-               options: collectives.AllReduceOptions = collectives.AllReduceOptions()):
+               options: collectives.AllReduceOptions = collectives.AllReduceOptions(),
+               method: str = "all_reduce"):
   op = collectives.check_reduce_op(op)
   return _collective(
-      f"all_reduce({op.name})", value,
+      f"{method}({op.name})", value,
       lambda values, devices, n: collectives.all_reduce(
           values, op, devices, options, num_replicas=n))
 

@@ -67,8 +67,9 @@ class TpuReplicator(base.Replicator):
       tf.config.experimental_connect_to_cluster(resolver)
       tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
+      reason = str(error).strip().splitlines()[0][:200]
       raise RuntimeError(
-          f"TpuReplicator: no TPU reachable at {address!r} ({error}). On a "
+          f"TpuReplicator: no TPU reachable at {address!r} ({reason}). On a "
           "Cloud TPU VM or current Colab, install the tensorflow-tpu build; on a "
           "TPU Node set TPU_NAME (or pass tpu='name'); to try TPU semantics "
           "without a TPU, pass emulate_on_cpu=True.") from error

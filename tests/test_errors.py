@@ -1,0 +1,164 @@
+"""Misuse gets an error that names the argument, what was given and the fix."""
+
+import os
+from unittest import mock
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import catalogue
+import replicator
+
+
+def test_non_optimizer_to_wrap_optimizer():
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(TypeError, match=r"optimizer: .*got str"):
+    repl.wrap_optimizer("adam")
+
+
+@pytest.mark.parametrize("method", ["all_sum", "all_mean", "all_max", "all_min",
+                                    "all_gather", "broadcast"])
+def test_collective_outside_a_step(method):
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(RuntimeError, match=rf"{method}.*only valid while a step runs"):
+    getattr(repl, method)(tf.constant(1.0))
+
+
+def test_replica_id_outside_a_step():
+  with pytest.raises(RuntimeError, match="replica_id is only valid"):
+    catalogue.make("gpu").replica_id  # pylint: disable=expression-not-assigned
+
+
+def test_global_batch_not_divisible():
+  ctx = replicator.InputContext(1, 0, 4)
+  with pytest.raises(ValueError, match=r"global_batch_size: 30 .* 4 replicas"):
+    ctx.per_replica_batch_size(30)
+
+
+def test_input_fn_returning_a_non_dataset():
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(TypeError, match=r"input_fn: .* returned ndarray, expected a tf.data.Dataset"):
+    repl.run(lambda b: b, lambda ctx: np.zeros(3))
+
+
+def test_step_fn_returning_a_non_tensor():
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(TypeError, match=r"step_fn: .* returned str"):
+    repl.run(lambda: {"loss": tf.constant(1.0), "note": "hello"})
+
+
+def test_run_after_shutdown():
+  repl = catalogue.make("multi_gpu_2")
+  repl.shutdown()
+  repl.shutdown()  # idempotent
+  with pytest.raises(RuntimeError, match="run: .* was shut down"):
+    repl.run(lambda: tf.constant(1.0))
+
+
+def test_variable_created_outside_every_context_used_in_a_multi_replica_step():
+  repl = catalogue.make("multi_gpu_2")
+  stray = tf.Variable(1.0, name="stray_weight")
+  with pytest.raises(ValueError, match="stray_weight.*outside every replicator context"):
+    repl.run(lambda: stray * 2.0)
+
+
+@pytest.mark.parametrize("devices,match", [
+    (["/cpu:0", "CPU:0"], "appears twice"),
+    (["/cpu:0", "/cpu:99"], "CPU:99.* is not a device of this process"),
+    (["/cpu:0", "banana"], "'banana' is not a device name"),
+])
+def test_bad_mesh_devices(devices, match):
+  with pytest.raises(ValueError, match=match):
+    replicator.MultiGpuReplicator(devices=devices)
+
+
+def test_tpu_replicator_with_no_tpu_reachable():
+  with mock.patch.dict(os.environ, {"TPU_NAME": "", "COLAB_TPU_ADDR": ""}):
+    with pytest.raises(RuntimeError, match="no TPU reachable.*emulate_on_cpu=True"):
+      replicator.TpuReplicator()
+
+
+def test_unsupported_num_tpu_cores_per_worker():
+  with pytest.raises(ValueError, match=r"num_tpu_cores_per_worker: 3 .*\(1, 2, 4, 8\)"):
+    replicator.TpuReplicator(num_tpu_cores_per_worker=3, emulate_on_cpu=True)
+
+
+def test_gradients_and_variables_of_different_lengths():
+  repl = catalogue.make("multi_gpu_2")
+  with repl.context():
+    w = tf.Variable([1.0, 2.0])
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.1))
+  with pytest.raises(ValueError, match="updates/parameters: got 2 gradients for 1 variables"):
+    repl.run(lambda: optimizer.apply([tf.ones([2]), tf.ones([2])], [w]))
+
+
+def test_dataset_whose_element_structure_changes():
+  repl = catalogue.make("multi_gpu_2")
+  calls = []
+
+  def input_fn(ctx):
+    calls.append(1)
+    if len(calls) == 1:
+      return tf.data.Dataset.range(8).batch(2)
+    return tf.data.Dataset.range(8).map(lambda x: (x, x)).batch(2)
+
+  repl.run(lambda b: b, input_fn)
+  with pytest.raises(ValueError, match="input_fn: the dataset's element structure changed"):
+    repl.reset_input(input_fn)
+
+
+def test_gpu_replicator_under_a_multi_worker_tf_config():
+  config = ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
+            '"task": {"type": "worker", "index": 0}}')
+  with mock.patch.dict(os.environ, {"TF_CONFIG": config}):
+    with pytest.raises(ValueError, match="TF_CONFIG lists 2 workers"):
+      replicator.GpuReplicator()
+
+
+def test_replicas_branching_around_a_collective():
+  repl = catalogue.make("multi_gpu_2")
+
+  def step_fn():
+    if repl.mesh.devices and _python_replica_index() == 0:
+      return repl.all_sum(tf.constant(1.0))
+    return tf.constant(0.0)
+
+  def _python_replica_index():
+    from replicator import context  # pylint: disable=g-import-not-at-top
+    return context.current().index
+
+  with pytest.raises(RuntimeError, match="Replicas took different paths"):
+    repl.run(step_fn)
+
+
+def test_creating_a_variable_after_the_first_run():
+  repl = catalogue.make("multi_gpu_2")
+  created = []
+
+  def step_fn(flag):
+    if flag and not created:
+      created.append(tf.Variable(1.0, name="late"))
+    return tf.constant(1.0)
+
+  repl.run(step_fn, args=(False,))
+  with pytest.raises(RuntimeError, match="created the variable 'late' after its first run"):
+    repl.run(step_fn, args=(True,))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"gradient_reduction": replicator.ReduceOp.MAX}, "gradient_reduction"),
+    ({"accumulate_steps": 0}, "accumulate_steps"),
+    ({"clip_global_norm": -1.0}, "clip_global_norm"),
+])
+def test_bad_wrap_optimizer_options(kwargs, match):
+  repl = catalogue.make("gpu")
+  with pytest.raises((ValueError, TypeError), match=match):
+    repl.wrap_optimizer(snt.optimizers.SGD(0.1), **kwargs)
+
+
+def test_reduce_op_must_be_the_enum():
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(TypeError, match="op: expected a replicator.ReduceOp"):
+    repl.run(lambda: repl.all_reduce(tf.constant(1.0), "sum"))

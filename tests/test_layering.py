@@ -1,0 +1,55 @@
+"""The package's imports point one way (STYLE.md); examples use the public API."""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# A module may import only modules of a lower layer.
+LAYERS = {
+    "_tf_check": 0, "mesh": 0,
+    "collectives": 1,
+    "context": 2,
+    "variables": 3, "replica_ops": 3,
+    "randomness": 4, "optimizers": 4, "steps": 4,
+    "base": 5,
+    "gpu": 6, "tpu": 6, "nn": 6, "testing": 6,
+    "__init__": 7,
+}
+
+
+def _imports(path):
+  tree = ast.parse(path.read_text())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      if node.module == "replicator":
+        yield from (alias.name for alias in node.names)
+      elif node.module.startswith("replicator."):
+        yield node.module.split(".")[1]
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.startswith("replicator."):
+          yield alias.name.split(".")[1]
+
+
+def test_every_module_has_a_layer():
+  modules = {p.stem for p in (ROOT / "replicator").glob("*.py")}
+  assert modules == set(LAYERS)
+
+
+def test_imports_point_down_the_layers():
+  for path in (ROOT / "replicator").glob("*.py"):
+    for imported in _imports(path):
+      assert LAYERS[imported] < LAYERS[path.stem], (
+          f"replicator/{path.name} imports replicator.{imported}, a module of "
+          "the same or a higher layer")
+
+
+def test_examples_and_benchmarks_use_only_the_public_api():
+  public = {"nn", "testing"}
+  for folder in ("examples", "benchmarks"):
+    for path in (ROOT / folder).rglob("*.py"):
+      for imported in _imports(path):
+        assert imported in public or imported[0].isupper(), (
+            f"{path.relative_to(ROOT)} imports replicator.{imported}; use the "
+            "public API (import replicator)")

@@ -1,0 +1,114 @@
+"""wrap_optimizer: reduction, None gradients, clipping, accumulation."""
+
+import keras
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import catalogue
+import replicator
+
+NAMES = ["gpu", "multi_gpu_4", "tpu_emulated_2"]
+
+
+def _quadratic_setup(repl, make_optimizer, **wrap_kwargs):
+  with repl.context():
+    w = tf.Variable(tf.ones([3]), name="w")
+    unused = tf.Variable(tf.ones([2]), name="unused")
+    optimizer = repl.wrap_optimizer(make_optimizer(), **wrap_kwargs)
+  return w, unused, optimizer
+
+
+def _oracle_sgd(data, lr, steps_data, clip=None):
+  w = np.ones(3)
+  for batch in steps_data:
+    grad = 2 / 3 * np.mean(batch[:, None] * (w[None] * batch[:, None] - 1.0), 0)
+    if clip is not None and np.linalg.norm(grad) > clip:
+      grad = grad * clip / np.linalg.norm(grad)
+    w = w - lr * grad
+  return w
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("make_optimizer", [lambda: snt.optimizers.SGD(0.1),
+                                            lambda: keras.optimizers.SGD(0.1)])
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_mean_reduction_none_passthrough_and_clipping(name, make_optimizer, clip):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  data = np.linspace(0.5, 2.0, 8 * n).astype(np.float32)
+  w, unused, optimizer = _quadratic_setup(repl, make_optimizer, clip_global_norm=clip)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
+
+  def step_fn(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((w * x[:, None] - 1.0) ** 2)
+    grads = tape.gradient(loss, [w, unused])
+    assert grads[1] is None
+    optimizer.apply(grads, [w, unused])
+    return loss
+
+  repl.run(step_fn, input_fn, steps=4)
+  global_batches = [data[i * 2 * n:(i + 1) * 2 * n] for i in range(4)]
+  want = _oracle_sgd(data, 0.1, global_batches, clip)
+  np.testing.assert_allclose(w.numpy(), want, rtol=1e-5)
+  np.testing.assert_array_equal(unused.numpy(), np.ones(2))
+  repl.assert_replicas_in_sync([w, unused])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sum_reduction_for_losses_divided_by_the_global_batch(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  data = np.linspace(0.5, 2.0, 8 * n).astype(np.float32)
+  w, _, optimizer = _quadratic_setup(repl, lambda: snt.optimizers.SGD(0.1),
+                                     gradient_reduction=replicator.ReduceOp.SUM)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
+
+  def step_fn(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum((w * x[:, None] - 1.0) ** 2) / (2 * n) / 3
+    optimizer.apply(tape.gradient(loss, [w]), [w])
+    return loss
+
+  repl.run(step_fn, input_fn, steps=4)
+  want = _oracle_sgd(data, 0.1, [data[i * 2 * n:(i + 1) * 2 * n] for i in range(4)])
+  np.testing.assert_allclose(w.numpy(), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("make_optimizer", [lambda: snt.optimizers.Adam(0.1),
+                                            lambda: keras.optimizers.Adam(0.1)])
+def test_accumulate_steps_applies_the_mean_every_kth_step(name, make_optimizer):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  data = np.linspace(0.5, 2.0, 8 * n).astype(np.float32)
+  w, _, optimizer = _quadratic_setup(repl, make_optimizer, accumulate_steps=2)
+  oracle_w = tf.Variable(tf.ones([3]))
+  oracle_optimizer = make_optimizer()
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
+
+  def loss_of(var, x):
+    return tf.reduce_mean((var * x[:, None] - 1.0) ** 2)
+
+  def step_fn(x):
+    with tf.GradientTape() as tape:
+      loss = loss_of(w, x)
+    optimizer.apply(tape.gradient(loss, [w]), [w])
+    return loss
+
+  repl.run(step_fn, input_fn, steps=1)
+  np.testing.assert_array_equal(w.numpy(), np.ones(3))  # nothing applied yet
+  repl.run(step_fn, input_fn, steps=3)
+  for i in range(2):  # two updates, each on a double global batch
+    with tf.GradientTape() as tape:
+      loss = loss_of(oracle_w, tf.constant(data[i * 4 * n:(i + 1) * 4 * n]))
+    oracle_optimizer.apply(tape.gradient(loss, [oracle_w]), [oracle_w])
+  np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-5)
