@@ -1,0 +1,154 @@
+"""Step rate of a tiny MLP: replicator vs MirroredStrategy vs plain tf.function.
+
+Runs every variant in one process, alternating rounds, and prints ms per step
+and the ratios (absolute times on a shared machine are noise; ratios less so).
+
+  python -m benchmarks.step_rate [--replicas 2] [--rounds 5] [--json out.json]
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # pylint: disable=g-import-not-at-top
+import numpy as np
+import sonnet as snt
+import tensorflow as tf
+
+import replicator
+
+GLOBAL_BATCH = 64
+
+
+def _data():
+  rng = np.random.RandomState(0)
+  x = rng.randn(GLOBAL_BATCH * 64, 32).astype(np.float32)
+  y = rng.randint(0, 10, len(x)).astype(np.int32)
+  return x, y
+
+
+def _loss(model, x, y):
+  return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
+
+
+def replicator_variant(devices, steps_per_call):
+  repl = replicator.MultiGpuReplicator(devices=devices)
+  x, y = _data()
+  with repl.context():
+    model = snt.nets.MLP([64, 10])
+    optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01))
+
+  def input_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+    return ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH), drop_remainder=True).prefetch(64)
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      loss = _loss(model, *batch)
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return loss
+
+  return lambda: repl.run(step_fn, input_fn, steps=steps_per_call)
+
+
+def mirrored_variant(devices, steps_per_call):
+  strategy = tf.distribute.MirroredStrategy(devices=devices)
+  x, y = _data()
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, "relu"), keras.layers.Dense(10)])
+    optimizer = keras.optimizers.SGD(0.01)
+    optimizer.build(model.trainable_variables)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(GLOBAL_BATCH, drop_remainder=True).prefetch(64)
+  iterator = iter(strategy.experimental_distribute_dataset(ds))
+
+  def replica_step(batch):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          batch[1], model(batch[0]))) / GLOBAL_BATCH
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return loss
+
+  @tf.function
+  def call(it):
+    loss = tf.constant(0.0)
+    for _ in tf.range(steps_per_call):
+      loss = strategy.reduce("SUM", strategy.run(replica_step, (next(it),)), axis=None)
+    return loss
+
+  return lambda: call(iterator)
+
+
+def plain_variant(steps_per_call):
+  x, y = _data()
+  model = snt.nets.MLP([64, 10])
+  optimizer = keras.optimizers.SGD(0.01)
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(GLOBAL_BATCH, drop_remainder=True).prefetch(64)
+  iterator = iter(ds)
+
+  @tf.function
+  def call(it):
+    loss = tf.constant(0.0)
+    for _ in tf.range(steps_per_call):
+      xb, yb = next(it)
+      with tf.GradientTape() as tape:
+        loss = _loss(model, xb, yb)
+      optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return loss
+
+  return lambda: call(iterator)
+
+
+def _time(fn, calls):
+  fn()
+  start = time.perf_counter()
+  for _ in range(calls):
+    out = fn()
+  np.asarray(out)
+  return time.perf_counter() - start
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--replicas", type=int, default=2)
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=1000)
+  parser.add_argument("--json", default=None)
+  args = parser.parse_args()
+  devices = replicator.testing.configure_logical_cpus(args.replicas)
+  variants = {
+      "replicator, 1 step/call": (replicator_variant(devices, 1), 1),
+      "MirroredStrategy, 1 step/call": (mirrored_variant(devices, 1), 1),
+      "plain tf.function, 1 device, 1 step/call": (plain_variant(1), 1),
+      "replicator, 50 steps/call": (replicator_variant(devices, 50), 50),
+      "MirroredStrategy, 50 steps/call": (mirrored_variant(devices, 50), 50),
+      "plain tf.function, 1 device, 50 steps/call": (plain_variant(50), 50),
+  }
+  best = {name: float("inf") for name in variants}
+  for _ in range(args.rounds):
+    for name, (fn, per_call) in variants.items():
+      seconds = _time(fn, max(1, args.steps // per_call))
+      best[name] = min(best[name], seconds / (max(1, args.steps // per_call) * per_call))
+  ms = {name: 1e3 * s for name, s in best.items()}
+  ratios = {
+      "MirroredStrategy / replicator, 1 step/call":
+          ms["MirroredStrategy, 1 step/call"] / ms["replicator, 1 step/call"],
+      "replicator 50 steps/call / plain 50-step loop":
+          ms["replicator, 50 steps/call"] / ms["plain tf.function, 1 device, 50 steps/call"],
+      "replicator 1 step/call / replicator 50 steps/call":
+          ms["replicator, 1 step/call"] / ms["replicator, 50 steps/call"],
+  }
+  result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+            "tensorflow": tf.__version__, "replicas": args.replicas,
+            "ms_per_step (best of rounds)": ms, "ratios": ratios}
+  print(json.dumps(result, indent=2))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
