@@ -144,8 +144,9 @@ class ReplicaGroup:
                         for r, n in enumerate(names))
             + ". Every replica must call the same collectives in the same "
             "order (do not branch on the replica id around a collective).")
-      merge = self._arrivals[0][3]
-      self._results = merge([arrival[2] for arrival in self._arrivals])
+      values = [arrival[2] for arrival in self._arrivals]
+      _check_same_graph(values, names[0])
+      self._results = self._arrivals[0][3](values)
 
   def _trace_replica(self, r, fn, args, graph, name_scope, replica_scope):
     self._resume[r].wait()
@@ -177,6 +178,23 @@ class ReplicaGroup:
     self._aborted = True
     for event in self._resume:
       event.set()
+
+
+def _check_same_graph(values, name):
+  graph = tf.compat.v1.get_default_graph()
+  outer = set()
+  while graph is not None:
+    outer.add(graph)
+    graph = getattr(graph, "outer_graph", None)
+  for replica in values:
+    for value in replica:
+      if getattr(value, "graph", None) is not None and value.graph not in outer:
+        raise NotImplementedError(
+            f"step_fn reached {name} inside a tf.cond or tf.while_loop (or an "
+            "AutoGraph `if`/`while` on a tensor). Collectives, optimizer.apply and "
+            "updates of replicated variables must be at the top level of "
+            "step_fn; compute both branches' inputs and select with tf.where, or "
+            "move the loop into run(..., steps=k).")
 
 
 class _Aborted(BaseException):

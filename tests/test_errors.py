@@ -162,3 +162,13 @@ def test_reduce_op_must_be_the_enum():
   repl = catalogue.make("multi_gpu_2")
   with pytest.raises(TypeError, match="op: expected a replicator.ReduceOp"):
     repl.run(lambda: repl.all_reduce(tf.constant(1.0), "sum"))
+
+
+def test_collective_inside_a_tensor_conditional():
+  repl = catalogue.make("multi_gpu_2")
+
+  def step_fn(x):
+    return tf.cond(x > 0, lambda: repl.all_sum(x * 2.0), lambda: x)
+
+  with pytest.raises(NotImplementedError, match="inside a tf.cond"):
+    repl.run(step_fn, args=(tf.constant(1.0),))
