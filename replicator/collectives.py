@@ -12,6 +12,7 @@ import enum
 from typing import List, Sequence
 
 import tensorflow as tf
+from tensorflow.python.ops import nccl_ops
 
 
 class ReduceOp(enum.Enum):
@@ -97,12 +98,34 @@ def _buckets(tensors: Sequence[tf.Tensor], pack_bytes: int) -> List[List[int]]:
   return buckets
 
 
-def _sum(parts: List[tf.Tensor], compression: Compression) -> tf.Tensor:
+def _on_gpus(devices: Sequence[str]) -> bool:
+  return len(devices) > 1 and all("GPU" in d.upper() for d in devices)
+
+
+def _sum(parts: List[tf.Tensor], compression: Compression,
+         devices: Sequence[str]) -> List[tf.Tensor]:
+  """Sums `parts` (one per replica); returns the sum on each replica's device.
+
+  On several GPUs the sum is NCCL's all-reduce; elsewhere an `add_n`.
+  """
   dtype = parts[0].dtype
   if compression is not Compression.NONE and dtype.is_floating:
     parts = [tf.cast(p, compression.value) for p in parts]
-  total = parts[0] if len(parts) == 1 else tf.add_n(parts)
-  return tf.cast(total, dtype)
+  if _on_gpus(devices):
+    totals = nccl_ops.all_sum(_spread_each(parts, devices))
+  else:
+    with tf.device(devices[0]):
+      total = parts[0] if len(parts) == 1 else tf.add_n(parts)
+    totals = _spread(total, devices)
+  return [tf.cast(t, dtype) for t in totals]
+
+
+def _spread_each(values: Sequence[tf.Tensor], devices: Sequence[str]):
+  out = []
+  for value, device in zip(values, devices):
+    with tf.device(device):
+      out.append(tf.identity(value))
+  return out
 
 
 def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
@@ -122,27 +145,31 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
         "first or use ReduceOp.SUM.")
   results = [[None] * len(first) for _ in values]
-  with tf.device(devices[0]):
-    if op in (ReduceOp.SUM, ReduceOp.MEAN):
-      packable = all(t.shape.is_fully_defined() for t in first)
-      groups = (_buckets(first, options.pack_bytes) if packable
-                else [[i] for i in range(len(first))])
-      for group in groups:
-        flat = [tf.concat([tf.reshape(r[i], [-1]) for i in group], 0)
-                if len(group) > 1 else r[group[0]] for r in values]
-        total = _sum(flat, options.compression)
-        if op is ReduceOp.MEAN:
-          total = total / tf.cast(num_replicas, total.dtype)
-        if len(group) > 1:
-          sizes = [first[i].shape.num_elements() for i in group]
-          pieces = [tf.reshape(p, first[i].shape)
-                    for p, i in zip(tf.split(total, sizes), group)]
-        else:
-          pieces = [total]
+  if op in (ReduceOp.SUM, ReduceOp.MEAN):
+    packable = all(t.shape.is_fully_defined() for t in first)
+    groups = (_buckets(first, options.pack_bytes) if packable
+              else [[i] for i in range(len(first))])
+    for group in groups:
+      flat = []
+      for replica, device in zip(values, devices):
+        with tf.device(device):
+          flat.append(tf.concat([tf.reshape(replica[i], [-1]) for i in group], 0)
+                      if len(group) > 1 else replica[group[0]])
+      for r, (device, total) in enumerate(
+          zip(devices, _sum(flat, options.compression, devices))):
+        with tf.device(device):
+          if op is ReduceOp.MEAN:
+            total = total / tf.cast(num_replicas, total.dtype)
+          if len(group) > 1:
+            sizes = [first[i].shape.num_elements() for i in group]
+            pieces = [tf.reshape(p, first[i].shape)
+                      for p, i in zip(tf.split(total, sizes), group)]
+          else:
+            pieces = [total]
         for index, piece in zip(group, pieces):
-          for r, spread in enumerate(_spread(piece, devices)):
-            results[r][index] = spread
-    else:
+          results[r][index] = piece
+  else:
+    with tf.device(devices[0]):
       combine = tf.maximum if op is ReduceOp.MAX else tf.minimum
       for index in range(len(first)):
         total = values[0][index]
