@@ -60,6 +60,7 @@ class CompiledStep:
     self._jit_compile = jit_compile
     self._output_spec = None
     self._loop = tf.function(self._trace_loop, autograph=False)
+    self._single = tf.function(self._trace_single, autograph=False)
     self._replicated_step = tf.function(self._trace_step, autograph=False,
                                         jit_compile=jit_compile)
 
@@ -70,6 +71,8 @@ class CompiledStep:
   def __call__(self, iterator, steps: int, args: Sequence[Any]):
     if self._output_spec is None:
       self._build(args)
+    if steps == 1:  # the common case, without the loop's per-call overhead
+      return self._single(iterator, tuple(args))
     return self._loop(iterator, tf.constant(steps, tf.int64), tuple(args))
 
   def _group(self, build_only: bool) -> context.ReplicaGroup:
@@ -136,7 +139,8 @@ class CompiledStep:
         lambda spec: tf.TensorShape([n]).concatenate(spec.shape),
         self._output_spec)
 
-  def _trace_loop(self, iterator, steps, args):
+  def _body(self, iterator, args):
+    """One loop iteration: `(i, done, outputs) -> (i', done', outputs')`."""
     n = len(self._devices)
 
     def body(i, done, outputs):
@@ -150,11 +154,20 @@ class CompiledStep:
         return i + 1, tf.constant(False), self._replicated_step(batches, args)
 
       return tf.cond(ready, step, lambda: (i, tf.constant(True), outputs))
+    return body
 
+  def _start(self):
+    return tf.constant(0, tf.int64), tf.constant(False), self._initial_outputs()
+
+  def _trace_single(self, iterator, args):
+    completed, _, outputs = self._body(iterator, args)(*self._start())
+    self._check_variables(tf.compat.v1.get_default_graph())
+    return completed, outputs
+
+  def _trace_loop(self, iterator, steps, args):
     completed, _, outputs = tf.while_loop(
         lambda i, done, _: tf.logical_and(i < steps, tf.logical_not(done)),
-        body,
-        (tf.constant(0, tf.int64), tf.constant(False), self._initial_outputs()),
+        self._body(iterator, args), self._start(),
         shape_invariants=(tf.TensorShape([]), tf.TensorShape([]),
                           self._invariants()))
     self._check_variables(tf.compat.v1.get_default_graph())
