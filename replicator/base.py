@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from replicator import cluster
 from replicator import collectives
 from replicator import context
 from replicator import optimizers
@@ -44,7 +45,16 @@ class Replicator:
       raise TypeError(
           f"all_reduce: expected replicator.AllReduceOptions, got {all_reduce!r}.")
     self._mesh = mesh
-    self._placement = tuple(f"/device:{d}" for d in (placement or mesh.devices))
+    self._workers = None
+    if mesh.num_workers > 1:
+      self._workers = cluster.CollectiveKeys(
+          mesh.num_workers, mesh.worker_index,
+          (all_reduce or collectives.AllReduceOptions()).timeout_s)
+      self._placement = tuple(cluster.device_name(mesh.worker_index, d)
+                              for d in (placement or mesh.devices))
+    else:
+      self._placement = tuple(f"/device:{d}" for d in (placement or mesh.devices))
+    self._synced_variables = 0
     self._jit_compile = jit_compile
     self._all_reduce = all_reduce or collectives.AllReduceOptions()
     self._factory = variables.VariableFactory(self._placement)
@@ -140,19 +150,43 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
     iterator, element_spec = self._input(input_fn)
+    self._sync_new_variables()
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       compiled = steps_lib.CompiledStep(
           step_fn, element_spec, devices=self._placement,
           first_replica_id=self._mesh.local_replica_ids[0],
           num_replicas=self.num_replicas, factory=self._factory,
-          jit_compile=self._jit_compile)
+          jit_compile=self._jit_compile, workers=self._workers,
+          on_variables_created=self._sync_new_variables)
       self._steps[(step_fn, input_fn)] = compiled
     completed, outputs = compiled(iterator, int(steps), args)
     completed = int(completed)
     if completed < steps:
       raise context.InputExhausted(completed, outputs if completed else None)
     return outputs
+
+  def _sync_new_variables(self):
+    """Gives every worker the chief's initial values of new variables."""
+    new = self._factory.created[self._synced_variables:]
+    self._synced_variables = len(self._factory.created)
+    if self._workers is None or not new:
+      return
+    chief = self._mesh.is_chief
+
+    @tf.function(autograph=False)
+    def sync():
+      for variable in new:
+        with tf.device(self._placement[0]):
+          value = variable.replicas[0].read_value()
+          wire = tf.int32 if value.dtype.is_bool else value.dtype
+          value = tf.cast(value, wire) if chief else tf.zeros_like(value, wire)
+          value = tf.cast(collectives.across_workers(value, "Add", self._workers),
+                          variable.dtype)
+        for copy in variable.replicas:
+          copy.assign(value)
+
+    sync()
 
   def _input(self, input_fn):
     if input_fn is None:

@@ -12,6 +12,7 @@ import enum
 from typing import List, Sequence
 
 import tensorflow as tf
+from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import nccl_ops
 
 
@@ -102,20 +103,33 @@ def _on_gpus(devices: Sequence[str]) -> bool:
   return len(devices) > 1 and all("GPU" in d.upper() for d in devices)
 
 
-def _sum(parts: List[tf.Tensor], compression: Compression,
-         devices: Sequence[str]) -> List[tf.Tensor]:
-  """Sums `parts` (one per replica); returns the sum on each replica's device.
+def across_workers(value: tf.Tensor, merge_op: str, workers) -> tf.Tensor:
+  """Combines this worker's `value` with the other workers' (gRPC collective)."""
+  if workers is None or workers.num_workers == 1:
+    return value
+  return collective_ops.all_reduce_v2(
+      value, group_size=workers.num_workers, group_key=workers.group_key,
+      instance_key=workers.next(), merge_op=merge_op, final_op="Id",
+      communication_hint="ring", timeout=workers.timeout_s)
 
-  On several GPUs the sum is NCCL's all-reduce; elsewhere an `add_n`.
+
+def _sum(parts: List[tf.Tensor], compression: Compression,
+         devices: Sequence[str], workers=None) -> List[tf.Tensor]:
+  """Sums `parts` (one per local replica) over every replica of the job.
+
+  Returns the sum on each local replica's device. On several GPUs of one
+  worker the sum is NCCL's all-reduce; elsewhere an `add_n`, then one
+  collective between workers.
   """
   dtype = parts[0].dtype
   if compression is not Compression.NONE and dtype.is_floating:
     parts = [tf.cast(p, compression.value) for p in parts]
-  if _on_gpus(devices):
+  if _on_gpus(devices) and (workers is None or workers.num_workers == 1):
     totals = nccl_ops.all_sum(_spread_each(parts, devices))
   else:
     with tf.device(devices[0]):
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
+      total = across_workers(total, "Add", workers)
     totals = _spread(total, devices)
   return [tf.cast(t, dtype) for t in totals]
 
@@ -131,15 +145,19 @@ def _spread_each(values: Sequence[tf.Tensor], devices: Sequence[str]):
 def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                devices: Sequence[str],
                options: AllReduceOptions = AllReduceOptions(),
-               num_replicas: int = None) -> List[List[tf.Tensor]]:
-  """Reduces matching tensors across replicas, packed by dtype into buckets."""
+               num_replicas: int = None, workers=None) -> List[List[tf.Tensor]]:
+  """Reduces matching tensors across replicas, packed by dtype into buckets.
+
+  `workers` (a `cluster.CollectiveKeys`) extends the reduction to the other
+  workers' replicas; `num_replicas` is then the job's total.
+  """
   num_replicas = num_replicas or len(values)
   values = [[_dense(v) for v in replica] for replica in values]
   first = values[0]
   if not first:
     return [[] for _ in values]
-  if op in (ReduceOp.MEAN,) and not all(t.dtype.is_floating or t.dtype.is_complex
-                                        for t in first):
+  if op is ReduceOp.MEAN and not all(t.dtype.is_floating or t.dtype.is_complex
+                                     for t in first):
     bad = next(t for t in first if not (t.dtype.is_floating or t.dtype.is_complex))
     raise TypeError(
         f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
@@ -155,8 +173,8 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         with tf.device(device):
           flat.append(tf.concat([tf.reshape(replica[i], [-1]) for i in group], 0)
                       if len(group) > 1 else replica[group[0]])
-      for r, (device, total) in enumerate(
-          zip(devices, _sum(flat, options.compression, devices))):
+      totals = _sum(flat, options.compression, devices, workers)
+      for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
           if op is ReduceOp.MEAN:
             total = total / tf.cast(num_replicas, total.dtype)
@@ -169,37 +187,68 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         for index, piece in zip(group, pieces):
           results[r][index] = piece
   else:
+    combine, merge_op = ((tf.maximum, "Max") if op is ReduceOp.MAX
+                         else (tf.minimum, "Min"))
     with tf.device(devices[0]):
-      combine = tf.maximum if op is ReduceOp.MAX else tf.minimum
       for index in range(len(first)):
         total = values[0][index]
         for replica in values[1:]:
           total = combine(total, replica[index])
+        total = across_workers(total, merge_op, workers)
         for r, spread in enumerate(_spread(total, devices)):
           results[r][index] = spread
   return results
 
 
 def all_gather(values: List[List[tf.Tensor]], axis: int,
-               devices: Sequence[str]) -> List[List[tf.Tensor]]:
-  """Concatenates matching tensors of all replicas along `axis`, in replica order."""
+               devices: Sequence[str], workers=None) -> List[List[tf.Tensor]]:
+  """Concatenates matching tensors of all replicas along `axis`, in replica order.
+
+  Across workers every worker's part must have the same shape.
+  """
   results = [[None] * len(values[0]) for _ in values]
   with tf.device(devices[0]):
     for index in range(len(values[0])):
       gathered = tf.concat([_dense(r[index]) for r in values], axis=axis)
+      if workers is not None and workers.num_workers > 1:
+        rank = gathered.shape.rank
+        axis_index = axis % rank
+        order = [axis_index] + [d for d in range(rank) if d != axis_index]
+        front = tf.transpose(gathered, order) if axis_index else gathered
+        front = collective_ops.all_gather_v2(
+            front, group_size=workers.num_workers, group_key=workers.group_key,
+            instance_key=workers.next(), communication_hint="ring",
+            timeout=workers.timeout_s)
+        inverse = [order.index(d) for d in range(rank)]
+        gathered = tf.transpose(front, inverse) if axis_index else front
       for r, spread in enumerate(_spread(gathered, devices)):
         results[r][index] = spread
   return results
 
 
 def broadcast(values: List[List[tf.Tensor]], source_replica: int,
-              devices: Sequence[str]) -> List[List[tf.Tensor]]:
-  """Gives every replica the values of `source_replica`."""
-  if not 0 <= source_replica < len(values):
+              devices: Sequence[str], num_replicas: int = None,
+              first_replica_id: int = 0, workers=None) -> List[List[tf.Tensor]]:
+  """Gives every replica the values of replica `source_replica` (a global id)."""
+  num_replicas = num_replicas or len(values)
+  if not 0 <= source_replica < num_replicas:
     raise ValueError(
-        f"source_replica: must be in [0, {len(values)}), got {source_replica}.")
+        f"source_replica: must be in [0, {num_replicas}), got {source_replica}.")
+  local = source_replica - first_replica_id
   results = [[None] * len(values[0]) for _ in values]
-  for index, value in enumerate(values[source_replica]):
-    for r, spread in enumerate(_spread(_dense(value), devices)):
+  for index in range(len(values[0])):
+    if workers is None or workers.num_workers == 1:
+      value = _dense(values[local][index])
+    else:  # the source's worker contributes its value, the others zeros
+      with tf.device(devices[0]):
+        mine = 0 <= local < len(values)
+        value = _dense(values[local if mine else 0][index])
+        if not mine:
+          value = tf.zeros_like(value)
+        if value.dtype.is_bool:
+          value = tf.cast(across_workers(tf.cast(value, tf.int32), "Add", workers), tf.bool)
+        else:
+          value = across_workers(value, "Add", workers)
+    for r, spread in enumerate(_spread(value, devices)):
       results[r][index] = spread
   return results

@@ -81,14 +81,16 @@ class ReplicaGroup:
     build_only: trace replica 0 alone; collectives return values of the right
       shape without communication. Used to create variables before the real
       trace.
+    workers: a `cluster.CollectiveKeys` when replicas span several workers.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
-               num_replicas: int, build_only: bool = False):
+               num_replicas: int, build_only: bool = False, workers=None):
     self.devices = tuple(devices)
     self.first_replica_id = first_replica_id
     self.num_replicas = num_replicas
     self.build_only = build_only
+    self.workers = None if build_only else workers
     self._resume = [threading.Event() for _ in self.devices]
     self._paused = threading.Semaphore(0)
     self._arrivals = [None] * len(self.devices)

@@ -1,20 +1,18 @@
 """Replicators for GPUs (and CPUs): one device, or every local device."""
 
-import json
 import os
 from typing import Optional, Sequence
 
 import tensorflow as tf
 
 from replicator import base
+from replicator import cluster as cluster_lib
 from replicator import collectives
+from replicator import mesh as mesh_lib
+from replicator import testing
 from replicator.mesh import Mesh
 
-
-def _workers_in_tf_config() -> int:
-  config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-  cluster = config.get("cluster", {})
-  return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+LOGICAL_CPUS_ENV = "REPLICATOR_LOGICAL_CPUS"  # set by `replicator.launch`
 
 
 class GpuReplicator(base.Replicator):
@@ -26,7 +24,7 @@ class GpuReplicator(base.Replicator):
   """
 
   def __init__(self, device: Optional[str] = None):
-    workers = _workers_in_tf_config()
+    workers = mesh_lib.workers_in_tf_config()
     if workers > 1:
       raise ValueError(
           f"GpuReplicator: TF_CONFIG lists {workers} workers, and a "
@@ -39,21 +37,38 @@ class GpuReplicator(base.Replicator):
 
 
 class MultiGpuReplicator(base.Replicator):
-  """A replica on every local GPU (else every logical CPU), or on `devices`.
+  """A replica on every local GPU (else every logical CPU), on one or many workers.
 
   Args:
-    devices: device names; default: every local GPU, else every logical CPU.
-    cluster: a multi-worker `Mesh` (not yet supported: single worker only).
+    devices: this worker's devices; default: every local GPU, else every
+      logical CPU.
+    cluster: a multi-worker `Mesh` from `Mesh.from_cluster(...)` or a
+      `tf.distribute.cluster_resolver.ClusterResolver`. With neither this nor a
+      multi-worker `TF_CONFIG` (as `python -m replicator.launch` sets), the
+      replicator uses this process alone.
     all_reduce: `AllReduceOptions` for gradients and collectives.
+
+  Workers talk through TensorFlow's gRPC collectives, which are not
+  authenticated: run them on a trusted network only. Create the replicator
+  before running any TensorFlow op, so that it can start the worker's server.
   """
 
   def __init__(self, devices: Optional[Sequence[str]] = None, cluster=None,
                all_reduce: Optional[collectives.AllReduceOptions] = None):
-    if cluster is not None or _workers_in_tf_config() > 1:
-      raise NotImplementedError(
-          "MultiGpuReplicator: multi-worker training (cluster= or a TF_CONFIG "
-          "with several workers) is not available in this version; run one "
-          "worker, or unset TF_CONFIG.")
-    mesh = Mesh(devices=devices) if devices is not None else Mesh.local()
+    logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)  # set by replicator.launch
+    if logical_cpus and not tf.config.list_physical_devices("GPU"):
+      testing.configure_logical_cpus(int(logical_cpus))
+    if isinstance(cluster, Mesh):
+      mesh = cluster if devices is None else Mesh.from_cluster(
+          worker_addresses=cluster.worker_addresses,
+          worker_index=cluster.worker_index, devices=devices)
+    elif cluster is not None:
+      mesh = Mesh.from_cluster(cluster, devices=devices)
+    elif mesh_lib.workers_in_tf_config() > 1:
+      mesh = Mesh.from_cluster(devices=devices)
+    else:
+      mesh = Mesh(devices=devices) if devices is not None else Mesh.local()
+    if mesh.num_workers > 1:
+      cluster_lib.connect(mesh)
     mesh.validate_local()
     super().__init__(mesh, all_reduce=all_reduce)

@@ -1,6 +1,8 @@
 """Where replicas live: an immutable `workers x devices_per_worker` description."""
 
 import dataclasses
+import json
+import os
 import re
 from typing import Optional, Sequence, Tuple
 
@@ -24,11 +26,14 @@ def canonical_device(name: str) -> str:
 
 
 def _local_devices(device_type: Optional[str]) -> Tuple[str, ...]:
+  """Local device names, found without starting the TensorFlow runtime."""
   types = [device_type.upper()] if device_type else ["GPU", "CPU"]
   for kind in types:
-    found = tf.config.list_logical_devices(kind)
-    if found:
-      return tuple(canonical_device(d.name) for d in found)
+    physical = tf.config.list_physical_devices(kind)
+    count = sum(len(tf.config.get_logical_device_configuration(d) or [d])
+                for d in physical)
+    if count:
+      return tuple(f"{kind}:{i}" for i in range(count))
   raise ValueError(f"device_type: no local device of type {device_type!r}.")
 
 
@@ -79,6 +84,41 @@ class Mesh:
     """This process's devices: every GPU if there is one, else every logical CPU."""
     return cls(devices=_local_devices(device_type))
 
+  @classmethod
+  def from_cluster(cls, resolver=None, *, worker_addresses=None,
+                   worker_index: Optional[int] = None,
+                   devices: Optional[Sequence[str]] = None) -> "Mesh":
+    """The mesh of a multi-worker job.
+
+    Args:
+      resolver: a `tf.distribute.cluster_resolver.ClusterResolver` (for
+        example `SlurmClusterResolver()` or `TFConfigClusterResolver()`);
+        None reads `TF_CONFIG` unless `worker_addresses` is given.
+      worker_addresses: `host:port` of every worker, worker 0 (the chief)
+        first; with `worker_index`, this process's position in that list.
+      devices: this worker's devices (default: every local GPU, else every
+        logical CPU); every worker must have as many.
+    """
+    if worker_addresses is not None:
+      if worker_index is None:
+        raise ValueError(
+            "worker_index: required with worker_addresses (this process's "
+            "position in the list, 0 for the chief).")
+      addresses, index = tuple(worker_addresses), worker_index
+    elif resolver is not None:
+      addresses, index = _from_resolver(resolver)
+    else:
+      found = _from_tf_config(os.environ.get("TF_CONFIG", ""))
+      if found is None:
+        raise ValueError(
+            "resolver: no cluster found: TF_CONFIG is unset or lists one "
+            "worker. Start the workers with `python -m replicator.launch`, set "
+            "TF_CONFIG, or pass a cluster resolver or worker_addresses.")
+      addresses, index = found
+    local = tuple(devices) if devices is not None else _local_devices(None)
+    return cls(devices=local, num_workers=len(addresses), worker_index=index,
+               worker_addresses=addresses)
+
   def validate_local(self) -> None:
     """Raises `ValueError` naming the first device this process does not have."""
     known = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
@@ -109,3 +149,39 @@ class Mesh:
 
   def device_type(self) -> str:
     return self.devices[0].split(":")[0]
+
+
+def workers_in_tf_config() -> int:
+  found = _from_tf_config(os.environ.get("TF_CONFIG", ""))
+  return len(found[0]) if found else 1
+
+
+def _from_tf_config(raw: str):
+  """`(addresses, index)` of the cluster in a TF_CONFIG string, or None."""
+  if not raw:
+    return None
+  try:
+    config = json.loads(raw)
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+  except (ValueError, AttributeError) as error:
+    raise ValueError(f"TF_CONFIG: not valid JSON ({error}): {raw!r}") from error
+  addresses = tuple(cluster.get("chief", [])) + tuple(cluster.get("worker", []))
+  if len(addresses) < 2:
+    return None
+  kind = task.get("type", "worker")
+  if kind not in ("chief", "worker"):
+    raise ValueError(
+        f"TF_CONFIG: task type {kind!r} is not supported; use 'worker' (or "
+        "'chief' for worker 0).")
+  offset = len(cluster.get("chief", [])) if kind == "worker" else 0
+  return addresses, offset + int(task.get("index", 0))
+
+
+def _from_resolver(resolver):
+  spec = resolver.cluster_spec().as_dict()
+  jobs = [job for job in ("chief", "worker") if job in spec]
+  if not jobs:
+    raise ValueError(f"resolver: its cluster has no 'worker' job: {spec!r}.")
+  addresses = tuple(a for job in jobs for a in spec[job])
+  offset = len(spec.get("chief", [])) if resolver.task_type == "worker" else 0
+  return addresses, offset + int(resolver.task_id or 0)

@@ -32,10 +32,9 @@ def _collective(method, value, merge_fn):
   flat = _flatten(value, method)
   if not flat:
     return value
-  devices = replica.group.devices
   merged = replica.collective(
       f"{method} of {len(flat)} tensor(s)", flat,
-      lambda values: merge_fn(values, devices, replica.group.num_replicas))
+      lambda values: merge_fn(values, replica.group))
   return tf.nest.pack_sequence_as(value, merged)
 
 
@@ -50,18 +49,21 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
   op = collectives.check_reduce_op(op)
   return _collective(
       f"{method}({op.name})", value,
-      lambda values, devices, n: collectives.all_reduce(
-          values, op, devices, options, num_replicas=n))
+      lambda values, group: collectives.all_reduce(
+          values, op, group.devices, options, num_replicas=group.num_replicas,
+          workers=group.workers))
 
 
 def all_gather(value, axis: int = 0):
   return _collective(
       "all_gather", value,
-      lambda values, devices, n: collectives.all_gather(values, axis, devices))
+      lambda values, group: collectives.all_gather(
+          values, axis, group.devices, workers=group.workers))
 
 
 def broadcast(value, source_replica: int = 0):
   return _collective(
       "broadcast", value,
-      lambda values, devices, n: collectives.broadcast(values, source_replica,
-                                                      devices))
+      lambda values, group: collectives.broadcast(
+          values, source_replica, group.devices, group.num_replicas,
+          group.first_replica_id, group.workers))

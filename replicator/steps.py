@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 import tensorflow as tf
 from tensorflow.python.autograph.core import config as autograph_config
 
+from replicator import collectives
 from replicator import context
 from replicator import variables
 
@@ -50,7 +51,8 @@ class CompiledStep:
 
   def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
                first_replica_id: int, num_replicas: int,
-               factory: variables.VariableFactory, jit_compile: bool):
+               factory: variables.VariableFactory, jit_compile: bool,
+               workers=None, on_variables_created: Callable[[], None] = None):
     self._step_fn = step_fn
     self._element_spec = element_spec
     self._devices = tuple(devices)
@@ -58,6 +60,8 @@ class CompiledStep:
     self._num_replicas = num_replicas
     self._factory = factory
     self._jit_compile = jit_compile
+    self._workers = workers
+    self._on_variables_created = on_variables_created or (lambda: None)
     self._output_spec = None
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
@@ -77,7 +81,8 @@ class CompiledStep:
 
   def _group(self, build_only: bool) -> context.ReplicaGroup:
     return context.ReplicaGroup(self._devices, self._first_replica_id,
-                                self._num_replicas, build_only=build_only)
+                                self._num_replicas, build_only=build_only,
+                                workers=self._workers)
 
   def _replica_scope(self, creating: bool):
     @contextlib.contextmanager
@@ -105,6 +110,7 @@ class CompiledStep:
     with self._factory.scope():
       concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
     self._factory.materialize_pending()
+    self._on_variables_created()
     self._output_spec = tf.nest.map_structure(_to_spec,
                                               concrete.structured_outputs)
 
@@ -148,6 +154,10 @@ class CompiledStep:
         return i + 1, done, self._replicated_step([None] * n, args)
       optionals = [iterator.get_next_as_optional() for _ in range(n)]
       ready = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
+      if self._workers is not None:  # a step runs only if every worker has data
+        with tf.device(self._devices[0]):
+          ready = collectives.across_workers(
+              tf.cast(ready, tf.int32), "Min", self._workers) > 0
 
       def step():
         batches = [(o.get_value(),) for o in optionals]

@@ -166,14 +166,16 @@ class ReplicatedVariable(tf.Variable):
     return getattr(self._vars[replica.index], method)(value, **kwargs)
 
   def _aggregate(self, replica, value):
-    devices = replica.group.devices
-    num_replicas = replica.group.num_replicas
+    group = replica.group
     op = self._reduce_op
     if op is None:
-      merge = lambda values: collectives.broadcast(values, 0, devices)
+      merge = lambda values: collectives.broadcast(
+          values, 0, group.devices, group.num_replicas, group.first_replica_id,
+          group.workers)
     else:
       merge = lambda values: collectives.all_reduce(
-          values, op, devices, num_replicas=num_replicas)
+          values, op, group.devices, num_replicas=group.num_replicas,
+          workers=group.workers)
     return replica.collective(f"an update of variable {self.name}", [value],
                               merge)[0]
 
@@ -216,6 +218,7 @@ class VariableFactory:
   def __init__(self, devices: Sequence[str]):
     self._devices = tuple(devices)
     self._pending: List[ReplicatedVariable] = []
+    self.created: List[ReplicatedVariable] = []  # in creation order
 
   def _create(self, next_creator: Callable, **kwargs) -> ReplicatedVariable:
     if getattr(_local, "replica_local", False) or getattr(_local, "creating", False):
@@ -228,6 +231,7 @@ class VariableFactory:
       _local.creating = False
     variable = ReplicatedVariable(primary, self._devices,
                                   kwargs.get("aggregation"))
+    self.created.append(variable)
     if tf.executing_eagerly():
       variable._materialize()  # pylint: disable=protected-access
     else:

@@ -23,7 +23,7 @@ def loss_fn(model, x, y):
       tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
 
 
-def train_oracle(initial, make_optimizer, x, y):
+def train_oracle(initial, make_optimizer, x, y, steps=STEPS):
   """Plain TensorFlow on one device, no library."""
   model = catalogue.mlp()
   model(x[:1])
@@ -38,7 +38,7 @@ def train_oracle(initial, make_optimizer, x, y):
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply(grads, model.trainable_variables)
 
-  for i in range(STEPS):
+  for i in range(steps):
     step(x[i * GLOBAL_BATCH:(i + 1) * GLOBAL_BATCH],
          y[i * GLOBAL_BATCH:(i + 1) * GLOBAL_BATCH])
   return [v.numpy() for v in model.variables]

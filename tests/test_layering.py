@@ -8,13 +8,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # A module may import only modules of a lower layer.
 LAYERS = {
     "_tf_check": 0, "mesh": 0,
-    "collectives": 1,
-    "context": 2,
-    "variables": 3, "replica_ops": 3,
-    "randomness": 4, "optimizers": 4, "steps": 4,
-    "base": 5,
-    "gpu": 6, "tpu": 6, "nn": 6, "testing": 6,
-    "__init__": 7,
+    "cluster": 1,
+    "collectives": 2,
+    "context": 3,
+    "variables": 4, "replica_ops": 4,
+    "randomness": 5, "optimizers": 5, "steps": 5,
+    "base": 6,
+    "testing": 6,
+    "gpu": 7, "tpu": 7, "nn": 7,
+    "launch": 8,
+    "__init__": 9,
 }
 
 

@@ -1,0 +1,74 @@
+"""Several worker processes on 127.0.0.1, started through the launcher."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import catalogue
+import test_equivalence
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "multiworker", "train_mlp.py")
+
+
+def _launch(tmp_path, *script_args, workers=2, devices=2, timeout_s=240):
+  command = [sys.executable, "-m", "replicator.launch", "--workers", str(workers),
+             "--devices-per-worker", str(devices), "--", sys.executable, SCRIPT,
+             "--out", str(tmp_path), *script_args]
+  done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+  return done.returncode, done.stdout + done.stderr
+
+
+def _results(tmp_path, workers=2):
+  return [dict(np.load(tmp_path / f"worker{w}.npz")) for w in range(workers)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sonnet_sgd", "keras_adam"])
+def test_two_workers_of_two_devices_train_like_one_device(tmp_path, optimizer):
+  code, log = _launch(tmp_path, "--optimizer", optimizer, "--steps", "10")
+  assert code == 0, log
+  results = _results(tmp_path)
+  np.testing.assert_array_equal(results[0]["replica"], [0, 1])
+  np.testing.assert_array_equal(results[1]["replica"], [2, 3])
+  for key in results[0]:  # workers hold identical variables and losses
+    if key != "replica":
+      np.testing.assert_array_equal(results[0][key], results[1][key])
+  # Oracle: one device, the same global batches, the same initial values.
+  x, y = catalogue.classification_data()
+  num_variables = len([k for k in results[0] if k.startswith("v")])
+  start = [results[0][f"i{i}"] for i in range(num_variables)]
+  expected = test_equivalence.train_oracle(
+      start, test_equivalence.OPTIMIZERS[optimizer], x, y, steps=10)
+  for i, want in enumerate(expected):
+    assert catalogue.norm_relative(results[0][f"v{i}"], want) < 1e-5, i
+
+
+@pytest.mark.slow
+def test_uneven_data_stops_every_worker_at_the_same_step(tmp_path):
+  code, log = _launch(tmp_path, "--uneven", "--steps", "10")
+  assert code == 0, log
+  results = _results(tmp_path)
+  assert int(results[0]["steps"]) == int(results[1]["steps"]) == 3
+  for key in results[0]:
+    if key.startswith("v"):
+      np.testing.assert_array_equal(results[0][key], results[1][key])
+
+
+def test_launcher_exits_with_the_failing_workers_code_and_stops_the_others(tmp_path):
+  script = tmp_path / "fail.py"
+  script.write_text(
+      "import json, os, sys, time\n"
+      "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+      "print('hello from', index, flush=True)\n"
+      "if index == 1:\n"
+      "    sys.exit(3)\n"
+      "time.sleep(60)\n")
+  done = subprocess.run(
+      [sys.executable, "-m", "replicator.launch", "--workers", "2", "--",
+       sys.executable, str(script)], capture_output=True, text=True, timeout=30)
+  assert done.returncode == 3
+  assert "[worker 1] hello from 1" in done.stdout
+  assert "worker 1 exited with code 3" in done.stdout
