@@ -12,6 +12,7 @@ from replicator import nn
 from replicator import testing
 from replicator.base import Replicator
 from replicator.base import ReplicasDiverged
+from replicator.cluster import WorkerLost
 from replicator.collectives import AllReduceOptions
 from replicator.collectives import Compression
 from replicator.collectives import ReduceOp
@@ -40,6 +41,7 @@ __all__ = (
     "ReplicatedVariable",
     "Replicator",
     "TpuReplicator",
+    "WorkerLost",
     "nn",
     "testing",
 )

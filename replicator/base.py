@@ -46,10 +46,12 @@ class Replicator:
           f"all_reduce: expected replicator.AllReduceOptions, got {all_reduce!r}.")
     self._mesh = mesh
     self._workers = None
+    self._heartbeat = None
+    self._steps_completed = 0
     if mesh.num_workers > 1:
-      self._workers = cluster.CollectiveKeys(
-          mesh.num_workers, mesh.worker_index,
-          (all_reduce or collectives.AllReduceOptions()).timeout_s)
+      # Collectives wait as long as it takes; the heartbeat decides liveness.
+      self._workers = cluster.CollectiveKeys(mesh.num_workers, mesh.worker_index,
+                                             timeout_s=0)
       self._placement = tuple(cluster.device_name(mesh.worker_index, d)
                               for d in (placement or mesh.devices))
     else:
@@ -62,6 +64,9 @@ class Replicator:
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
     randomness.install()
+    if self._workers is not None:
+      self._wait_for_workers()
+      self._heartbeat = cluster.Heartbeat(mesh, self._all_reduce.timeout_s / 2)
 
   # Topology.
   mesh = property(lambda self: self._mesh)
@@ -160,11 +165,28 @@ class Replicator:
           jit_compile=self._jit_compile, workers=self._workers,
           on_variables_created=self._sync_new_variables)
       self._steps[(step_fn, input_fn)] = compiled
-    completed, outputs = compiled(iterator, int(steps), args)
+    try:
+      completed, outputs = compiled(iterator, int(steps), args)
+    except tf.errors.OpError as error:
+      if self._workers is None:
+        raise
+      raise self._worker_lost(error) from error
     completed = int(completed)
+    self._steps_completed += completed
     if completed < steps:
       raise context.InputExhausted(completed, outputs if completed else None)
     return outputs
+
+  def _wait_for_workers(self):
+    """A first collective: returns once every worker has started."""
+    with tf.device(self._placement[0]):
+      collectives.across_workers(tf.constant(1), "Add", self._workers)
+
+  def _worker_lost(self, error) -> cluster.WorkerLost:
+    worker = self._heartbeat.lost if self._heartbeat else None
+    address = self._mesh.worker_addresses[worker] if worker is not None else ""
+    return cluster.WorkerLost(worker, self._steps_completed, address,
+                              type(error).__name__)
 
   def _sync_new_variables(self):
     """Gives every worker the chief's initial values of new variables."""
@@ -246,6 +268,8 @@ class Replicator:
   def shutdown(self):
     """Releases the devices; idempotent. `run` afterwards raises."""
     self._closed = True
+    if self._heartbeat is not None:
+      self._heartbeat.stop()
     self._steps.clear()
     self._inputs.clear()
 

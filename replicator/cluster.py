@@ -7,6 +7,7 @@ authenticated: run them on a trusted network only.
 
 import itertools
 import threading
+from typing import Optional
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
@@ -78,3 +79,62 @@ class CollectiveKeys:
   def next(self) -> int:
     with self._lock:
       return next(self._counter)
+
+
+class WorkerLost(RuntimeError):
+  """A worker died or froze; training cannot go on (restart from a checkpoint).
+
+  Attributes:
+    worker: index of the lost worker, or None when it could not be told.
+    step: steps this worker had completed when the loss was detected.
+  """
+
+  def __init__(self, worker: Optional[int], step: int, address: str = "",
+               detail: str = ""):
+    who = f"worker {worker} ({address})" if worker is not None else "a worker"
+    super().__init__(
+        f"{who} was lost at step {step}{': ' + detail if detail else ''}. "
+        "Training stops on every worker; restart all workers and resume from "
+        "the last checkpoint (replicator.Checkpointer.restore_latest()).")
+    self.worker = worker
+    self.step = step
+
+
+class Heartbeat:
+  """Checks every peer's gRPC server; on a loss, aborts pending collectives.
+
+  The peers' servers answer from their own threads, so a worker busy with a
+  long chief-only evaluation or save still counts as alive; a killed worker
+  is noticed within `interval_s`, a frozen one within `timeout_s`.
+  """
+
+  def __init__(self, mesh: Mesh, timeout_s: float, interval_s: float = 1.0):
+    self._mesh = mesh
+    self._timeout_s = timeout_s
+    self._interval_s = interval_s
+    self.lost: Optional[int] = None
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._watch, daemon=True,
+                                    name="replicator-heartbeat")
+    self._thread.start()
+
+  def _watch(self):
+    peers = [w for w in range(self._mesh.num_workers) if w != self._mesh.worker_index]
+    while not self._stop.wait(self._interval_s):
+      for worker in peers:
+        try:
+          eager_context.context().check_collective_ops_peer_health(
+              f"/job:{_JOB}/replica:0/task:{worker}",
+              timeout_in_ms=int(self._timeout_s * 1000))
+        except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
+                tf.errors.DeadlineExceededError) as error:
+          if self._stop.is_set():
+            return
+          self.lost = worker
+          eager_context.context().abort_collective_ops(
+              tf.errors.UNAVAILABLE,
+              f"replicator: worker {worker} is lost ({type(error).__name__})")
+          return
+
+  def stop(self):
+    self._stop.set()

@@ -40,7 +40,9 @@ class AllReduceOptions:
       bytes (per dtype) and each bucket is reduced with one collective.
     compression: `Compression.BF16` / `FP16` halve the bytes moved; the sum is
       then computed in that precision too (relative error ~ 2**-8 for bf16).
-    timeout_s: how long a collective may wait for a peer (multi-worker).
+    timeout_s: multi-worker: a worker that does not answer the heartbeat for
+      half this long counts as lost, and every other worker raises
+      `WorkerLost` (a busy worker still answers).
   """
   pack_bytes: int = 32 * 2**20
   compression: Compression = Compression.NONE

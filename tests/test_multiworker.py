@@ -72,3 +72,30 @@ def test_launcher_exits_with_the_failing_workers_code_and_stops_the_others(tmp_p
   assert done.returncode == 3
   assert "[worker 1] hello from 1" in done.stdout
   assert "worker 1 exited with code 3" in done.stdout
+
+
+def _run_workers(script_args, timeout_s=120):
+  """Starts 2 workers directly (no launcher), returns worker 0's output."""
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  script = os.path.join(os.path.dirname(__file__), "multiworker", "lose_worker.py")
+  procs = [subprocess.Popen([sys.executable, script, *script_args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for env in launch.worker_environments(2)]
+  try:
+    out, _ = procs[0].communicate(timeout=timeout_s)
+    return procs[0].returncode, out
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how,limit_s", [("kill", 5.0), ("freeze", 10.0)])
+def test_a_lost_worker_makes_the_other_raise_worker_lost(how, limit_s):
+  code, out = _run_workers(["--how", how, "--timeout_s", "10"])
+  assert code == 3, out
+  line = next(l for l in out.splitlines() if l.startswith("LOST"))
+  seconds = float(line.split()[1])
+  assert seconds < limit_s, line
+  assert "worker 1 (127.0.0.1:" in line and "at step 5" in line, line

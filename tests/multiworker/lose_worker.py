@@ -1,0 +1,52 @@
+"""A worker of the failure tests: worker 1 dies (or freezes) at step 5.
+
+Worker 0 prints `LOST <seconds> <message>` when it raises WorkerLost.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
+
+import replicator
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--how", choices=["kill", "freeze"], default="kill")
+  parser.add_argument("--timeout_s", type=float, default=10.0)
+  args = parser.parse_args()
+  repl = replicator.MultiGpuReplicator(
+      all_reduce=replicator.AllReduceOptions(timeout_s=args.timeout_s))
+  with repl.context():
+    w = tf.Variable(tf.zeros([4]))
+
+  def step_fn():
+    w.assign_add(tf.ones([4]) * tf.cast(repl.replica_id, tf.float32))
+    return repl.all_sum(w.read_value())
+
+  for step in range(1000):
+    if repl.mesh.worker_index == 1 and step == 5:
+      sig = signal.SIGKILL if args.how == "kill" else signal.SIGSTOP
+      print("DYING", flush=True)
+      os.kill(os.getpid(), sig)
+    if step == 5:
+      start = time.time()
+    try:
+      repl.run(step_fn)
+    except replicator.WorkerLost as error:
+      print(f"LOST {time.time() - start:.2f} {error}", flush=True)
+      sys.exit(3)
+    if step >= 5:
+      time.sleep(0.05)
+  print("NOT LOST", flush=True)
+
+
+if __name__ == "__main__":
+  main()
