@@ -12,6 +12,7 @@ from replicator import nn
 from replicator import testing
 from replicator.base import Replicator
 from replicator.base import ReplicasDiverged
+from replicator.checkpoint import Checkpointer
 from replicator.cluster import WorkerLost
 from replicator.collectives import AllReduceOptions
 from replicator.collectives import Compression
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = (
     "AllReduceOptions",
+    "Checkpointer",
     "Compression",
     "GpuReplicator",
     "InputContext",

@@ -4,6 +4,9 @@ A subclass only chooses the mesh (and whether the step is XLA-compiled).
 """
 
 import contextlib
+import itertools
+import logging
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -24,6 +27,10 @@ ReduceOp = collectives.ReduceOp
 
 class ReplicasDiverged(AssertionError):
   """Raised by `assert_replicas_in_sync` when copies of a variable differ."""
+
+
+def _input_key(input_fn) -> str:
+  return getattr(input_fn, "__qualname__", repr(input_fn))
 
 
 class Replicator:
@@ -57,6 +64,10 @@ class Replicator:
     else:
       self._placement = tuple(f"/device:{d}" for d in (placement or mesh.devices))
     self._synced_variables = 0
+    self._consumed = {}  # input key -> steps taken from it since its start
+    self._skip = {}  # input key -> steps to skip when it starts (restored)
+    self._created = next(Replicator._creation_order)
+    Replicator.live.add(self)
     self._jit_compile = jit_compile
     self._all_reduce = all_reduce or collectives.AllReduceOptions()
     self._factory = variables.VariableFactory(self._placement)
@@ -67,6 +78,15 @@ class Replicator:
     if self._workers is not None:
       self._wait_for_workers()
       self._heartbeat = cluster.Heartbeat(mesh, self._all_reduce.timeout_s / 2)
+
+  live = weakref.WeakSet()  # every replicator not yet garbage collected
+  _creation_order = itertools.count()
+
+  @classmethod
+  def newest(cls) -> Optional["Replicator"]:
+    """The most recently created replicator that is not shut down."""
+    open_ = [r for r in list(cls.live) if not r._closed]  # pylint: disable=protected-access
+    return max(open_, key=lambda r: r._created, default=None)  # pylint: disable=protected-access
 
   # Topology.
   mesh = property(lambda self: self._mesh)
@@ -173,6 +193,9 @@ class Replicator:
       raise self._worker_lost(error) from error
     completed = int(completed)
     self._steps_completed += completed
+    if input_fn is not None:
+      key = _input_key(input_fn)
+      self._consumed[key] = self._consumed.get(key, 0) + completed
     if completed < steps:
       raise context.InputExhausted(completed, outputs if completed else None)
     return outputs
@@ -231,6 +254,10 @@ class Replicator:
           f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
     self._check_dataset(dataset, input_fn)
+    skip = self._skip.pop(_input_key(input_fn), 0)
+    if skip:  # resuming: each step took one element per local replica
+      dataset = dataset.skip(skip * self.num_local_replicas)
+      self._consumed[_input_key(input_fn)] = skip
     if expected_spec is not None and dataset.element_spec != expected_spec:
       raise ValueError(
           f"input_fn: the dataset's element structure changed from "
@@ -242,9 +269,33 @@ class Replicator:
   def _check_dataset(self, dataset, input_fn):
     """Hook for subclasses that need stricter datasets (TPU: static shapes)."""
 
+  def input_positions(self) -> dict:
+    """Steps taken from each input since it started (what a checkpoint keeps)."""
+    return dict(self._consumed)
+
+  def resume_inputs(self, positions: dict, topology: Sequence[int]) -> None:
+    """Makes each input start after the steps recorded in `positions`.
+
+    Exact when `topology` (workers, replicas per worker) is this job's and the
+    input is deterministic; otherwise the same number of steps is skipped and
+    a warning says so.
+    """
+    if tuple(topology) != (self.num_workers, self.num_local_replicas):
+      logging.warning(
+          "replicator: the checkpoint was written by %s workers x %s replicas "
+          "and is restored on %s x %s; each input skips the %s steps already "
+          "taken, which is not exactly the same examples.", topology[0],
+          topology[1], self.num_workers, self.num_local_replicas, positions)
+    self._skip = dict(positions)
+    self._consumed = {}
+    for input_fn in list(self._inputs):
+      if _input_key(input_fn) in self._skip:
+        self._inputs[input_fn] = self._make_input(input_fn, self._inputs[input_fn][1])
+
   def reset_input(self, input_fn: Callable):
     """Starts `input_fn`'s data again from the beginning (calls it anew)."""
     self._check_open("reset_input")
+    self._consumed.pop(_input_key(input_fn), None)
     previous = self._inputs.get(input_fn)
     self._inputs[input_fn] = self._make_input(
         input_fn, previous[1] if previous else None)

@@ -151,6 +151,11 @@ class Mesh:
     return self.devices[0].split(":")[0]
 
 
+def worker_index_in_tf_config() -> int:
+  found = _from_tf_config(os.environ.get("TF_CONFIG", ""))
+  return found[1] if found else 0
+
+
 def workers_in_tf_config() -> int:
   found = _from_tf_config(os.environ.get("TF_CONFIG", ""))
   return len(found[0]) if found else 1

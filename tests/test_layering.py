@@ -15,7 +15,7 @@ LAYERS = {
     "randomness": 5, "optimizers": 5, "steps": 5,
     "base": 6,
     "testing": 6,
-    "gpu": 7, "tpu": 7, "nn": 7,
+    "gpu": 7, "tpu": 7, "nn": 7, "checkpoint": 7,
     "launch": 8,
     "__init__": 9,
 }
