@@ -1,0 +1,66 @@
+"""A worker of the resume tests: trains with checkpoints; can die mid-way.
+
+  python -m replicator.launch --workers 2 --devices-per-worker 2 -- \
+      python tests/multiworker/resume.py --out DIR --ckpt DIR [--die_at 5]
+"""
+
+import argparse
+import os
+import signal
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import keras  # pylint: disable=g-import-not-at-top
+import numpy as np
+import tensorflow as tf
+
+import catalogue
+import replicator
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--ckpt", required=True)
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--die_at", type=int, default=-1)
+  args = parser.parse_args()
+
+  repl = replicator.MultiGpuReplicator()
+  x, y = catalogue.classification_data()
+  with repl.context():
+    model = catalogue.mlp()
+    optimizer = repl.wrap_optimizer(keras.optimizers.Adam(1e-2))
+  checkpointer = replicator.Checkpointer(args.ckpt, model=model,
+                                         optimizer=optimizer.optimizer)
+
+  def input_fn(ctx):
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+    ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    return ds.batch(ctx.per_replica_batch_size(32), drop_remainder=True)
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          batch[1], model(batch[0])))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                    model.trainable_variables)
+    return loss
+
+  start = checkpointer.restore_latest() or 0
+  print(f"starting at step {start}", flush=True)
+  for step in range(start, args.steps):
+    if step == args.die_at and repl.mesh.worker_index == 1:
+      os.kill(os.getpid(), signal.SIGKILL)
+    repl.run(step_fn, input_fn)
+    if (step + 1) % 2 == 0:
+      checkpointer.save(step + 1)
+  state = list(model.variables) + list(optimizer.optimizer.variables)
+  np.savez(os.path.join(args.out, f"worker{repl.mesh.worker_index}.npz"),
+           **{f"s{i}": v.numpy() for i, v in enumerate(state)})
+
+
+if __name__ == "__main__":
+  main()
