@@ -21,13 +21,17 @@ import tensorflow as tf
 import replicator
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("replicator", "multi_gpu", ["gpu", "multi_gpu", "tpu_emulated"],
-                  "Which replicator to train with.")
-flags.DEFINE_integer("cpu_replicas", 2, "Logical CPU devices when there is no GPU.")
-flags.DEFINE_integer("steps", 200, "Training steps.")
-flags.DEFINE_integer("global_batch", 256, "Global batch size.")
-flags.DEFINE_enum("data", "fashion_mnist", ["fashion_mnist", "synthetic"], "Input data.")
-flags.DEFINE_string("data_dir", "/usr/share/datasets/fashion-mnist", "IDX files.")
+
+
+def define_flags():
+  """Defined only when run as a script, so tests can import this module."""
+  flags.DEFINE_enum("replicator", "multi_gpu", ["gpu", "multi_gpu", "tpu_emulated"],
+                    "Which replicator to train with.")
+  flags.DEFINE_integer("cpu_replicas", 2, "Logical CPU devices when there is no GPU.")
+  flags.DEFINE_integer("steps", 200, "Training steps.")
+  flags.DEFINE_integer("global_batch", 256, "Global batch size.")
+  flags.DEFINE_enum("data", "fashion_mnist", ["fashion_mnist", "synthetic"], "Input data.")
+  flags.DEFINE_string("data_dir", "/usr/share/datasets/fashion-mnist", "IDX files.")
 
 
 def load_fashion_mnist(data_dir):
@@ -99,4 +103,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

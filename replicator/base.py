@@ -47,10 +47,7 @@ class Replicator:
   def __init__(self, mesh: Mesh, *, placement: Optional[Sequence[str]] = None,
                jit_compile: bool = False,
                all_reduce: Optional[collectives.AllReduceOptions] = None):
-    if all_reduce is not None and not isinstance(
-        all_reduce, collectives.AllReduceOptions):
-      raise TypeError(
-          f"all_reduce: expected replicator.AllReduceOptions, got {all_reduce!r}.")
+    all_reduce = collectives.check_options(all_reduce)
     self._mesh = mesh
     self._workers = None
     self._heartbeat = None
@@ -69,7 +66,7 @@ class Replicator:
     self._created = next(Replicator._creation_order)
     Replicator.live.add(self)
     self._jit_compile = jit_compile
-    self._all_reduce = all_reduce or collectives.AllReduceOptions()
+    self._all_reduce = all_reduce
     self._factory = variables.VariableFactory(self._placement)
     self._inputs = {}  # input_fn -> (iterator, element_spec)
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep

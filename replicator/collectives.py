@@ -60,6 +60,17 @@ class AllReduceOptions:
       raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s!r}.")
 
 
+def check_options(options) -> AllReduceOptions:
+  """`options`, or the defaults for None; a clear error for anything else."""
+  if options is None:
+    return AllReduceOptions()
+  if not isinstance(options, AllReduceOptions):
+    raise TypeError(
+        f"all_reduce: expected replicator.AllReduceOptions, got {options!r}; "
+        "e.g. replicator.AllReduceOptions(pack_bytes=4 * 2**20).")
+  return options
+
+
 def check_reduce_op(op) -> ReduceOp:
   if not isinstance(op, ReduceOp):
     raise TypeError(

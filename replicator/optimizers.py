@@ -50,15 +50,12 @@ class ReplicatedOptimizer(tf.Module):
     if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
       raise ValueError(
           f"accumulate_steps: expected an int >= 1, got {accumulate_steps!r}.")
-    if all_reduce is not None and not isinstance(
-        all_reduce, collectives.AllReduceOptions):
-      raise TypeError(
-          f"all_reduce: expected replicator.AllReduceOptions, got {all_reduce!r}.")
+    all_reduce = collectives.check_options(all_reduce)
     self._base = optimizer
     self._clip_global_norm = clip_global_norm
     self._gradient_reduction = gradient_reduction
     self._accumulate_steps = accumulate_steps
-    self._all_reduce = all_reduce or collectives.AllReduceOptions()
+    self._all_reduce = all_reduce
     self._accumulators = None
     self._accumulated = None
 
