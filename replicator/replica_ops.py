@@ -27,15 +27,44 @@ def _flatten(value, method):
   return flat
 
 
-def _collective(method, value, merge_fn):
+def _collective(method, value, merge_fn, grad_fn):
+  """Runs `merge_fn` over every replica's flat values; differentiable.
+
+  The gradient of a collective is a collective of the upstream gradients
+  (`grad_fn`), so that, as on one device with the whole batch, a replica's
+  input receives the gradient of every replica's loss (cross-replica batch
+  norm, losses over gathered values).
+  """
   replica = current_replica(method.split("(")[0])
   flat = _flatten(value, method)
   if not flat:
     return value
-  merged = replica.collective(
-      f"{method} of {len(flat)} tensor(s)", flat,
-      lambda values: merge_fn(values, replica.group))
-  return tf.nest.pack_sequence_as(value, merged)
+  name = f"{method} of {len(flat)} tensor(s)"
+  merge = lambda values: merge_fn(values, replica.group)
+
+  @tf.custom_gradient
+  def forward(*inputs):
+    outputs = replica.collective(name, list(inputs), merge)
+
+    def backward(*upstream):
+      upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
+                  for dy, y in zip(upstream, outputs)]
+      floats = [i for i, x in enumerate(inputs) if x.dtype.is_floating]
+      summed = replica.collective(
+          f"the gradient of {name}", [upstream[i] for i in floats],
+          lambda values: collectives.all_reduce(
+              values, collectives.ReduceOp.SUM, replica.group.devices,
+              num_replicas=replica.group.num_replicas, workers=replica.group.workers))
+      grads = [None] * len(inputs)
+      for i, total in zip(floats, summed):
+        grads[i] = grad_fn(inputs[i], outputs[i], total, replica)
+      return grads
+
+    return outputs, backward
+
+  if not any(x.dtype.is_floating for x in flat):
+    return tf.nest.pack_sequence_as(value, replica.collective(name, flat, merge))
+  return tf.nest.pack_sequence_as(value, list(forward(*flat)))
 
 
 def replica_id() -> tf.Tensor:
@@ -47,23 +76,42 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
                options: collectives.AllReduceOptions = collectives.AllReduceOptions(),
                method: str = "all_reduce"):
   op = collectives.check_reduce_op(op)
+
+  def grad(x, y, summed_dy, replica):
+    if op is collectives.ReduceOp.SUM:
+      return summed_dy
+    if op is collectives.ReduceOp.MEAN:
+      return summed_dy / tf.cast(replica.group.num_replicas, summed_dy.dtype)
+    return tf.where(tf.equal(x, y), summed_dy, tf.zeros_like(summed_dy))
+
   return _collective(
       f"{method}({op.name})", value,
       lambda values, group: collectives.all_reduce(
           values, op, group.devices, options, num_replicas=group.num_replicas,
-          workers=group.workers))
+          workers=group.workers), grad)
 
 
 def all_gather(value, axis: int = 0):
+  def grad(x, y, summed_dy, replica):
+    del x, y
+    parts = tf.split(summed_dy, replica.group.num_replicas, axis=axis)
+    return parts[replica.replica_id]
+
   return _collective(
       "all_gather", value,
       lambda values, group: collectives.all_gather(
-          values, axis, group.devices, workers=group.workers))
+          values, axis, group.devices, workers=group.workers), grad)
 
 
 def broadcast(value, source_replica: int = 0):
+  def grad(x, y, summed_dy, replica):
+    del x, y
+    if replica.replica_id == source_replica:
+      return summed_dy
+    return tf.zeros_like(summed_dy)
+
   return _collective(
       "broadcast", value,
       lambda values, group: collectives.broadcast(
           values, source_replica, group.devices, group.num_replicas,
-          group.first_replica_id, group.workers))
+          group.first_replica_id, group.workers), grad)

@@ -116,3 +116,42 @@ def test_compressed_all_reduce_error_is_bounded(compression, bound):
   # Two roundings of the inputs and one of the sum, each within half an ulp.
   assert np.all(np.abs(got - exact) <= 1.5 * bound * scale + 1e-12)
   assert np.max(np.abs(got - exact)) > 0  # it really was compressed
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_emulated_2"])
+@pytest.mark.parametrize("kind", ["sum", "mean", "max", "gather", "broadcast"])
+def test_gradients_flow_through_collectives_as_on_one_device(name, kind):
+  """mean_r d loss_r / dw equals d/dw of mean_r loss_r computed on one device."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  rng = np.random.RandomState(3)
+  data = rng.randn(n, 5).astype(np.float32)
+  weights = rng.randn(n, 5 * n if kind == "gather" else 5).astype(np.float32)
+  start = rng.randn(5).astype(np.float32)
+  with repl.context():
+    w = tf.Variable(start)
+
+  def collective(x):
+    return {"sum": repl.all_sum, "mean": repl.all_mean, "max": repl.all_max,
+            "gather": repl.all_gather,
+            "broadcast": lambda v: repl.broadcast(v, source_replica=n - 1)}[kind](x)
+
+  def step_fn():
+    r = repl.replica_id
+    with tf.GradientTape() as tape:
+      y = collective(tf.tanh(w * tf.gather(data, r)))
+      loss = tf.reduce_sum(y * tf.gather(weights, r))
+    return repl.all_mean(tape.gradient(loss, w))
+
+  got = repl.run(step_fn).numpy()
+
+  v = tf.Variable(start)
+  with tf.GradientTape() as tape:
+    xs = [tf.tanh(v * data[r]) for r in range(n)]
+    y = {"sum": lambda: tf.add_n(xs), "mean": lambda: tf.add_n(xs) / n,
+         "max": lambda: tf.reduce_max(tf.stack(xs), 0),
+         "gather": lambda: tf.concat(xs, 0), "broadcast": lambda: xs[n - 1]}[kind]()
+    total = tf.reduce_mean(tf.stack([tf.reduce_sum(y * weights[r]) for r in range(n)]))
+  want = tape.gradient(total, v).numpy()
+  for r in range(n):
+    np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-6)

@@ -38,3 +38,35 @@ def test_cross_replica_batch_norm_equals_batch_norm_on_the_global_batch(name):
   np.testing.assert_allclose(
       test_out.reshape(want.shape),
       reference(tf.constant(data), is_training=False).numpy(), atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+def test_cross_replica_batch_norm_gradients_equal_the_whole_batch(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  rng = np.random.RandomState(1)
+  data = rng.randn(n * 4, 3).astype(np.float32)
+  target = rng.randn(n * 4, 2).astype(np.float32)
+  with repl.context():
+    linear = snt.Linear(2, w_init=snt.initializers.Constant(0.3))
+    cross = replicator.nn.CrossReplicaBatchNorm(True, True)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices((data, target)).batch(4, drop_remainder=True)
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      out = cross(linear(batch[0]), is_training=True)
+      loss = tf.reduce_mean((out - batch[1]) ** 2)
+    variables = linear.trainable_variables + cross.trainable_variables
+    return repl.all_mean(tape.gradient(loss, variables))
+
+  got = [g.numpy()[0] for g in repl.run(step_fn, input_fn)]
+  ref_linear = snt.Linear(2, w_init=snt.initializers.Constant(0.3))
+  reference = snt.BatchNorm(True, True)
+  with tf.GradientTape() as tape:
+    out = reference(ref_linear(tf.constant(data)), is_training=True)
+    loss = tf.reduce_mean((out - target) ** 2)
+  want = tape.gradient(loss, ref_linear.trainable_variables + reference.trainable_variables)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-6)
