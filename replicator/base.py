@@ -277,7 +277,7 @@ class Replicator:
     input is deterministic; otherwise the same number of steps is skipped and
     a warning says so.
     """
-    if tuple(topology) != (self.num_workers, self.num_local_replicas):
+    if positions and tuple(topology) != (self.num_workers, self.num_local_replicas):
       logging.warning(
           "replicator: the checkpoint was written by %s workers x %s replicas "
           "and is restored on %s x %s; each input skips the %s steps already "
