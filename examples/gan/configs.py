@@ -69,15 +69,24 @@ CIFAR32 = GanConfig(
     num_generator_steps=50_000,
 )
 
+# Widths 32-16-8 (G) and 8-16 (D): the 32x32 layers dominate the cost on CPU.
+# The one departure from the paper's recipe: Adam's step is 1e-3, not 2e-4.
+# At 2e-4 no model, whatever its batch, improved within the 300 generator
+# steps that fit in the 20-minute budget (Fréchet classifier distance flat at
+# ~150 from step 100 to 300 at batch 64); at 1e-3 the batch-size effect shows
+# within 400 steps (batch 64: 38 vs batch 8: 56). See README.md.
 SMALL = CIFAR32.replace(
     name="small",
     dataset="fashion_mnist",
     image_channels=1,
-    g_ch=32,
-    d_ch=16,
+    g_ch=8,
+    g_multipliers=(4, 4, 2, 1),
+    d_ch=8,
+    d_multipliers=(1, 2, 2, 2),
     z_dim=64,
     global_batch_size=64,
     n_dis=2,
+    learning_rate=1e-3,
     num_generator_steps=500,
 )
 

@@ -107,7 +107,8 @@ def _tfds(name, split, resolution, channels, data_dir, manual_dir):
   if manual_dir:
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
-  split = {"test": "validation"}.get(split, split) if name == "imagenet2012" else split
+  if name == "imagenet2012" and split == "test":
+    split = "validation"  # ImageNet's test labels are not public.
   dataset = builder.as_dataset(split=split, as_supervised=True,
                                shuffle_files=True)
 

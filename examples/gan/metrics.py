@@ -16,15 +16,16 @@ import os
 from typing import Dict, Optional, Tuple
 
 import numpy as np
-import scipy.linalg
 import sonnet as snt
 import tensorflow as tf
+
+from examples.gan import data
 
 
 def classifier_score(probs: np.ndarray) -> float:
   """``exp(E_x KL(p(y|x) || p(y)))``: the Inception Score formula, one split.
 
-  >>> classifier_score(np.eye(4))  # Confident and balanced: the class count.
+  >>> round(classifier_score(np.eye(4)), 6)  # Confident, balanced: the class count.
   4.0
   """
   probs = np.asarray(probs, np.float64)
@@ -38,41 +39,55 @@ def feature_statistics(features: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
   return features.mean(axis=0), np.cov(features, rowvar=False)
 
 
+def _sqrt_psd(matrix: np.ndarray) -> np.ndarray:
+  values, vectors = np.linalg.eigh(matrix)
+  return (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
+
+
 def frechet_distance(stats_a, stats_b) -> float:
-  """``|mu_a - mu_b|^2 + tr(S_a + S_b - 2 (S_a S_b)^(1/2))`` between Gaussians."""
+  """``|mu_a - mu_b|^2 + tr(S_a + S_b - 2 (S_a S_b)^(1/2))`` between Gaussians.
+
+  ``tr((S_a S_b)^(1/2))`` is computed as the trace of the square root of the
+  symmetric ``S_a^(1/2) S_b S_a^(1/2)`` (a similar matrix): stable when the
+  covariances are singular, as they are with dead ReLU features.
+
+  >>> stats = (np.zeros(2), np.eye(2))
+  >>> frechet_distance(stats, (np.ones(2), 4 * np.eye(2)))
+  4.0
+  """
   (mu_a, cov_a), (mu_b, cov_b) = stats_a, stats_b
-  covmean, _ = scipy.linalg.sqrtm(cov_a @ cov_b, disp=False)
-  if not np.isfinite(covmean).all():
-    offset = np.eye(cov_a.shape[0]) * 1e-6
-    covmean = scipy.linalg.sqrtm((cov_a + offset) @ (cov_b + offset))
+  sqrt_a = _sqrt_psd(cov_a)
+  cross = np.linalg.eigvalsh(sqrt_a @ cov_b @ sqrt_a)
+  trace_sqrt = np.sum(np.sqrt(np.clip(cross, 0, None)))
   distance = (np.sum((mu_a - mu_b)**2) + np.trace(cov_a) + np.trace(cov_b) -
-              2 * np.trace(covmean.real))
+              2 * trace_sqrt)
   return float(max(distance, 0.0))
 
 
 class Classifier(snt.Module):
-  """A small all-convolutional net; ``features`` feed the Fréchet distance."""
+  """A small convnet; its penultimate ``features`` feed the Fréchet distance."""
 
-  def __init__(self, num_classes: int, width: int = 32, name=None):
+  def __init__(self, num_classes: int, width: int = 16, name=None):
     super().__init__(name=name)
     self.convs = [snt.Conv2D(width * m, 3, stride=s)
-                  for m, s in ((1, 1), (2, 2), (2, 1), (4, 2), (4, 1))]
-    self.features_layer = snt.Linear(4 * width)
+                  for m, s in ((1, 2), (2, 1), (2, 2), (4, 1))]
+    self.features_layer = snt.Linear(128)
     self.logits_layer = snt.Linear(num_classes)
 
   def features(self, images: tf.Tensor) -> tf.Tensor:
     h = images
     for conv in self.convs:
       h = tf.nn.relu(conv(h))
-    return tf.nn.relu(self.features_layer(tf.reduce_mean(h, axis=[1, 2])))
+    return tf.nn.relu(self.features_layer(snt.flatten(h)))
 
   def __call__(self, images: tf.Tensor) -> tf.Tensor:
     return self.logits_layer(self.features(images))
 
 
 def train_classifier(train_data, test_data, num_classes: int, *,
-                     cache_dir: Optional[str] = None, epochs: int = 2,
-                     batch_size: int = 128, seed: int = 0) -> Classifier:
+                     cache_dir: Optional[str] = None, epochs: int = 1,
+                     batch_size: int = 256, learning_rate: float = 2e-3,
+                     seed: int = 0) -> Classifier:
   """Trains the metric classifier, or restores it from ``cache_dir``."""
   classifier = Classifier(num_classes)
   images, labels = train_data
@@ -83,9 +98,9 @@ def train_classifier(train_data, test_data, num_classes: int, *,
     checkpoint.read(os.path.join(cache_dir, "classifier")).assert_consumed()
     return classifier
 
-  optimizer = snt.optimizers.Adam(1e-3)
+  optimizer = snt.optimizers.Adam(learning_rate)
 
-  @tf.function
+  @tf.function(autograph=False)
   def train_step(x, y):
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
@@ -112,7 +127,7 @@ def predict(classifier: Classifier, images: np.ndarray,
             batch_size: int = 500) -> Tuple[np.ndarray, np.ndarray]:
   """Class probabilities and features of ``images``, in batches."""
   call = tf.function(lambda x: (tf.nn.softmax(classifier(x)),
-                                classifier.features(x)))
+                                classifier.features(x)), autograph=False)
   outputs = [call(tf.constant(images[i:i + batch_size]))
              for i in range(0, len(images), batch_size)]
   return tuple(np.concatenate([o[k].numpy() for o in outputs]) for k in (0, 1))
@@ -175,4 +190,46 @@ class ClassifierMetrics:
     if fake_labels is not None:  # How often a sample shows its asked-for class.
       results["class_accuracy"] = float(
           np.mean(np.argmax(probs, axis=1) == fake_labels))
+    return results
+
+
+class Evaluator:
+  """Scores a trainer's samples against real test data.
+
+  Classifier metrics, Inception metrics, or both; ``trainer.sample(labels)``
+  must return images in [-1, 1].
+  """
+
+  def __init__(self, config, data_kwargs: Dict, *,
+               cache_dir: Optional[str], num_samples: int = 2000,
+               classifier_metrics: bool = True,
+               inception_weights: Optional[str] = None,
+               num_real: int = 10_000, num_train: int = 60_000):
+    self.num_samples = num_samples
+    self._num_classes = config.num_classes
+    self._classifier_metrics = None
+    self._inception = None
+    real = data.load_arrays(config.dataset, num_real, split="test",
+                            **data_kwargs)
+    self.real_images = real[0]
+    if classifier_metrics:
+      train_data = data.load_arrays(config.dataset, num_train, split="train",
+                                    **data_kwargs)
+      cache = cache_dir and os.path.join(
+          cache_dir, f"{config.dataset}_{config.resolution}")
+      classifier = train_classifier(train_data, real, config.num_classes,
+                                    cache_dir=cache)
+      self._classifier_metrics = ClassifierMetrics(classifier, real[0])
+    if inception_weights:
+      self._inception = InceptionMetrics(inception_weights)
+
+  def __call__(self, trainer) -> Dict[str, float]:
+    labels = np.arange(self.num_samples) % self._num_classes
+    samples = trainer.sample(labels)
+    results = {}
+    if self._classifier_metrics:
+      results.update(self._classifier_metrics(samples, labels))
+    if self._inception:
+      results.update(
+          self._inception(samples, self.real_images[:self.num_samples]))
     return results

@@ -32,11 +32,14 @@ class GeneratorBlock(snt.Module):
   """CBN-ReLU-up-conv-CBN-ReLU-conv, plus an upsampled 1x1-conv shortcut."""
 
   def __init__(self, output_channels: int, num_classes: int,
-               cross_replica_bn: bool = False, name: Optional[str] = None):
+               cross_replica_bn: bool = False, bn_decay_rate: float = 0.9,
+               name: Optional[str] = None):
     super().__init__(name=name)
     self._output_channels = output_channels
-    self.bn1 = layers.ConditionalBatchNorm(num_classes, cross_replica_bn)
-    self.bn2 = layers.ConditionalBatchNorm(num_classes, cross_replica_bn)
+    self.bn1 = layers.ConditionalBatchNorm(num_classes, cross_replica_bn,
+                                           bn_decay_rate)
+    self.bn2 = layers.ConditionalBatchNorm(num_classes, cross_replica_bn,
+                                           bn_decay_rate)
     gain = layers.glorot_uniform(math.sqrt(2))
     self.conv1 = snt.Conv2D(output_channels, 3, w_init=gain)
     self.conv2 = snt.Conv2D(output_channels, 3, w_init=gain)
@@ -54,6 +57,9 @@ class GeneratorBlock(snt.Module):
 class Generator(snt.Module):
   """Maps noise ``z`` and class labels to images in [-1, 1].
 
+  Batch-norm moving averages decay by ``bn_decay_rate`` (0.9, Chainer's
+  default, as in the authors' code); samples for evaluation use them.
+
   >>> g = Generator(ch=4, multipliers=(2, 1), num_classes=3, output_channels=1)
   >>> g(tf.random.normal([2, 16]), tf.constant([0, 2]), is_training=True).shape
   TensorShape([2, 8, 8, 1])
@@ -61,18 +67,20 @@ class Generator(snt.Module):
 
   def __init__(self, ch: int, multipliers: Sequence[int], num_classes: int,
                output_channels: int = 3, bottom_width: int = 4,
-               cross_replica_bn: bool = False, name: Optional[str] = None):
+               cross_replica_bn: bool = False, bn_decay_rate: float = 0.9,
+               name: Optional[str] = None):
     super().__init__(name=name)
     self._bottom_width = bottom_width
     self._input_channels = ch * multipliers[0]
     self.linear = snt.Linear(bottom_width**2 * self._input_channels,
                              w_init=layers.glorot_uniform())
     self.blocks = [
-        GeneratorBlock(ch * m, num_classes, cross_replica_bn)
+        GeneratorBlock(ch * m, num_classes, cross_replica_bn, bn_decay_rate)
         for m in multipliers[1:]
     ]
     self.final_bn = (
-        layers.ConditionalBatchNorm(1, cross_replica_bn, name="final_bn"))
+        layers.ConditionalBatchNorm(1, cross_replica_bn, bn_decay_rate,
+                                    name="final_bn"))
     self.final_conv = snt.Conv2D(output_channels, 3,
                                  w_init=layers.glorot_uniform())
 

@@ -1,4 +1,4 @@
-"""Input pipelines: ImageNet (TFDS, TFRecord shards, an image folder), Fashion-MNIST, synthetic.
+"""Input pipelines: ImageNet (TFDS, TFRecords, image folder), Fashion-MNIST, synthetic.
 
 `make_input_fn` returns the `input_fn(ctx)` that `replicator` calls once per worker;
 each worker reads its own `1 / ctx.num_input_pipelines` of the data (whole files where
@@ -7,12 +7,12 @@ there are enough of them, else every n-th example) and batches per replica.
 Training elements are `(images, labels)`. Evaluation elements are
 `(images, labels, weights)`: the last partial batch is padded with zero-weight
 examples, and `ctx.num_replicas_in_sync / ctx.num_input_pipelines - 1` all-padding
-batches follow, so every local replica gets a batch on the last step and no real test
-image is dropped.
+batches follow, so every local replica gets a batch on the last step and, on one
+worker, no test image is dropped. (With several workers, a step needs a batch on every
+worker, so a shard longer than the others by a batch loses that batch.)
 """
 
 import dataclasses
-import glob
 import gzip
 import os
 from typing import Callable, Optional, Tuple
@@ -44,8 +44,10 @@ class DatasetInfo:
 
 def read_idx(path: str) -> np.ndarray:
   """Reads a (gzipped) IDX file, the format of MNIST and Fashion-MNIST."""
-  with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+  with tf.io.gfile.GFile(path, "rb") as f:
     data = f.read()
+  if path.endswith(".gz"):
+    data = gzip.decompress(data)
   ndim = data[3]
   shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
   return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
@@ -73,15 +75,15 @@ def _files_dataset(files, ctx, is_training):
   per_file = len(files) >= ctx.num_input_pipelines
   if per_file:
     ds = _shard(ds, ctx)
-  if is_training:
-    ds = ds.shuffle(len(files), reshuffle_each_iteration=True)
+    if is_training:  # Not before sharding by example: every worker needs one order.
+      ds = ds.shuffle(len(files), reshuffle_each_iteration=True)
   return ds, per_file
 
 
 def tfrecord_source(data_dir: str, is_training: bool, ctx) -> tf.data.Dataset:
   """ImageNet TFRecord shards (`train-*`, `validation-*`), labels 1..1000 -> 0..999."""
   pattern = os.path.join(data_dir, "train-*" if is_training else "validation-*")
-  files, per_file = _files_dataset(glob.glob(pattern), ctx, is_training)
+  files, per_file = _files_dataset(tf.io.gfile.glob(pattern), ctx, is_training)
   # Sharding by example needs the same order on every worker.
   ds = files.interleave(tf.data.TFRecordDataset, cycle_length=16,
                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=not per_file)
@@ -96,8 +98,16 @@ def tfrecord_source(data_dir: str, is_training: bool, ctx) -> tf.data.Dataset:
   return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+# tf.io.gfile rather than os: the data may live in Cloud Storage (gs://), as on TPUs.
 def image_folder_classes(data_dir: str):
-  return sorted(d.name for d in os.scandir(os.path.join(data_dir, "train")) if d.is_dir())
+  train_dir = os.path.join(data_dir, "train")
+  return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(train_dir)
+                if tf.io.gfile.isdir(os.path.join(train_dir, name)))
+
+
+def _image_files(directory: str):
+  return sorted(name for name in tf.io.gfile.listdir(directory)
+                if name.endswith(_IMAGE_EXTENSIONS))
 
 
 def image_folder_source(data_dir: str, is_training: bool, ctx) -> tf.data.Dataset:
@@ -106,10 +116,9 @@ def image_folder_source(data_dir: str, is_training: bool, ctx) -> tf.data.Datase
   split_dir = os.path.join(data_dir, "train" if is_training else "validation")
   paths, labels = [], []
   for label, name in enumerate(classes):
-    for entry in sorted(os.scandir(os.path.join(split_dir, name)), key=lambda e: e.name):
-      if entry.name.endswith(_IMAGE_EXTENSIONS):
-        paths.append(entry.path)
-        labels.append(label)
+    for file_name in _image_files(os.path.join(split_dir, name)):
+      paths.append(os.path.join(split_dir, name, file_name))
+      labels.append(label)
   if not paths:
     raise ValueError(f"no images under {split_dir}")
   ds = _shard(tf.data.Dataset.from_tensor_slices((paths, np.int32(labels))), ctx)
@@ -228,9 +237,8 @@ def _pad_for_eval(ds, per_replica_batch_size, ctx):
       lambda s: tf.zeros([per_replica_batch_size] + s.shape[1:].as_list(), s.dtype),
       element)).repeat(local_replicas - 1)
   ds = ds.concatenate(filler)
-  return ds.map(lambda x, y, w: (tf.ensure_shape(x, [per_replica_batch_size] + x.shape[1:]),
-                                 tf.ensure_shape(y, [per_replica_batch_size]),
-                                 tf.ensure_shape(w, [per_replica_batch_size])))
+  static = lambda t: tf.ensure_shape(t, [per_replica_batch_size] + t.shape[1:])
+  return ds.map(lambda x, y, w: (static(x), static(y), static(w)))
 
 
 def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
@@ -277,6 +285,10 @@ def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
+  # Checkpoints record each input's position under its qualified name: the training
+  # and the evaluation input must not share one.
+  input_fn.__qualname__ = input_fn.__name__ = (
+      f"{dataset}_{'train' if is_training else 'eval'}_input_fn")
   return input_fn
 
 
@@ -301,8 +313,7 @@ def dataset_info(dataset: str, data_dir: Optional[str] = None, image_size: int =
   if dataset == "image_folder":
     classes = image_folder_classes(data_dir)
     count = lambda split: sum(
-        len([f for f in os.listdir(os.path.join(data_dir, split, c))
-             if f.endswith(_IMAGE_EXTENSIONS)]) for c in classes)
+        len(_image_files(os.path.join(data_dir, split, c))) for c in classes)
     return DatasetInfo(len(classes), count("train"), count("validation"),
                        (image_size, image_size, 3))
   return DatasetInfo(1000, 1_281_167, 50_000, (image_size, image_size, 3))

@@ -7,8 +7,11 @@ recipe (Nesterov SGD, linear warm-up then cosine, label smoothing), with no
 
   python -m examples.resnet.keras_baseline --epochs=3
 
-It prints the test accuracy and the training images/s of every epoch; the figure to
-compare is the mean over the epochs after the first (which also traces the step).
+Its flags are train.py's recipe flags (`--global_batch_size`, `--base_learning_rate`,
+`--epochs`, `--warmup_epochs`, `--weight_decay`, `--label_smoothing`, `--seed`), with
+the values of the README's Fashion-MNIST command as defaults. It prints the test
+accuracy and the training images/s of every epoch; the figure to compare is the mean
+over the epochs after the first (which also traces the step).
 """
 
 import time
@@ -22,13 +25,17 @@ import tensorflow as tf
 from examples.resnet import data
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("global_batch_size", 128, "Images per step.")
-flags.DEFINE_float("base_learning_rate", 0.2, "Learning rate per 256 images.")
-flags.DEFINE_integer("epochs", 12, "Training length.")
-flags.DEFINE_integer("warmup_epochs", 1, "Linear warm-up from zero.")
-flags.DEFINE_float("weight_decay", 5e-4, "L2 on conv and dense kernels only.")
-flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
-flags.DEFINE_integer("seed", 0, "Initialisation seed.")
+
+
+def define_flags():
+  """train.py's recipe flags, defaulting to the README's Fashion-MNIST command."""
+  flags.DEFINE_integer("global_batch_size", 128, "Images per step.")
+  flags.DEFINE_float("base_learning_rate", 0.2, "Learning rate per 256 images.")
+  flags.DEFINE_integer("epochs", 12, "Training length.")
+  flags.DEFINE_integer("warmup_epochs", 1, "Linear warm-up from zero.")
+  flags.DEFINE_float("weight_decay", 5e-4, "L2 on conv and dense kernels only.")
+  flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
+  flags.DEFINE_integer("seed", 0, "Initialisation seed.")
 
 
 def resnet20(num_classes: int = 10, weight_decay: float = 5e-4, bn_decay: float = 0.9):
@@ -57,8 +64,9 @@ def resnet20(num_classes: int = 10, weight_decay: float = 5e-4, bn_decay: float 
       y = conv_bn(y, channels, 3, 1, relu=False, zero_scale=True)
       x = keras.layers.ReLU()(keras.layers.Add()([y, shortcut]))
   x = keras.layers.GlobalAveragePooling2D()(x)
-  logits = keras.layers.Dense(num_classes, kernel_regularizer=reg,
-                              kernel_initializer=keras.initializers.RandomNormal(0, 0.01))(x)
+  logits = keras.layers.Dense(
+      num_classes, kernel_regularizer=reg,
+      kernel_initializer=keras.initializers.RandomNormal(stddev=0.01))(x)
   return keras.Model(inputs, logits)
 
 
@@ -96,13 +104,16 @@ def main(argv):
   keras.utils.set_random_seed(FLAGS.seed)
   batch = FLAGS.global_batch_size
   steps_per_epoch = 60_000 // batch
-  one_hot = lambda x, y, *w: (x, tf.one_hot(y, 10), *w)
+
+  def one_hot(x, y, *weights):
+    return (x, tf.one_hot(y, 10), *weights)
   train_ds = data.make_input_fn("fashion_mnist", True, batch)(_OneDevice()).map(one_hot)
   test_ds = data.make_input_fn("fashion_mnist", False, batch)(_OneDevice()).map(one_hot)
   peak = FLAGS.base_learning_rate * batch / 256
   warmup_steps = FLAGS.warmup_epochs * steps_per_epoch
+  epochs = FLAGS.epochs
   lr = keras.optimizers.schedules.CosineDecay(
-      0.0, FLAGS.epochs * steps_per_epoch - warmup_steps, warmup_target=peak,
+      0.0, epochs * steps_per_epoch - warmup_steps, warmup_target=peak,
       warmup_steps=warmup_steps)
   model = resnet20(weight_decay=FLAGS.weight_decay)
   model.compile(
@@ -112,14 +123,15 @@ def main(argv):
       weighted_metrics=["categorical_accuracy"])
   throughput = Throughput(steps_per_epoch * batch)
   start = time.perf_counter()
-  history = model.fit(train_ds, epochs=FLAGS.epochs, steps_per_epoch=steps_per_epoch,
+  history = model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
                       validation_data=test_ds, callbacks=[throughput], verbose=2)
   steady = throughput.images_per_second[1:] or throughput.images_per_second
   logging.info("keras baseline: test accuracy %.4f after %d epochs, %.0f s; "
                "%.0f images/s (mean of epochs 2..%d)",
-               history.history["val_categorical_accuracy"][-1], FLAGS.epochs,
-               time.perf_counter() - start, sum(steady) / len(steady), FLAGS.epochs)
+               history.history["val_categorical_accuracy"][-1], epochs,
+               time.perf_counter() - start, sum(steady) / len(steady), epochs)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

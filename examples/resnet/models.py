@@ -19,6 +19,8 @@ from typing import Callable, Optional, Sequence
 import sonnet as snt
 import tensorflow as tf
 
+import replicator
+
 # `norm_factory(scale_init, name)` returns a module called as `norm(x, is_training)`.
 NormFactory = Callable[[Optional[snt.initializers.Initializer], str], snt.Module]
 
@@ -33,11 +35,7 @@ def batch_norm_factory(decay_rate: float = 0.9, eps: float = 1e-5,
   Cross-replica batch norm takes its statistics over the global batch; worth it when
   the per-replica batch is small (under ~32 images).
   """
-  if cross_replica:
-    import replicator  # pylint: disable=g-import-not-at-top
-    module_cls = replicator.nn.CrossReplicaBatchNorm
-  else:
-    module_cls = snt.BatchNorm
+  module_cls = replicator.nn.CrossReplicaBatchNorm if cross_replica else snt.BatchNorm
 
   def factory(scale_init, name):
     return module_cls(create_scale=True, create_offset=True, decay_rate=decay_rate,
@@ -157,8 +155,8 @@ class ResNet(snt.Module):
             norm_factory=norm_factory, name=f"stage{stage + 1}_block{i + 1}"))
         in_channels = out_channels
     # Goyal et al.: the classifier starts small, N(0, 0.01).
-    self.logits = snt.Linear(num_classes, w_init=snt.initializers.RandomNormal(0.01),
-                             name="logits")
+    self.logits = snt.Linear(
+        num_classes, w_init=snt.initializers.RandomNormal(stddev=0.01), name="logits")
 
   def __call__(self, images: tf.Tensor, is_training: bool) -> tf.Tensor:
     x = self.stem(tf.cast(images, self.compute_dtype), is_training)

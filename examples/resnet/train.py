@@ -5,10 +5,11 @@ Fashion-MNIST on this machine's CPU, split into two logical devices (see README.
   python -m examples.resnet.train --dataset=fashion_mnist --model=resnet20 \
       --replicator=multi_gpu --num_cpu_devices=2 --global_batch_size=128 \
       --base_learning_rate=0.2 --epochs=12 --warmup_epochs=1 --weight_decay=5e-4 \
-      --model_dir=/tmp/resnet20_fmnist
+      --eval_every_epochs=2 --log_every_steps=117 --model_dir=/tmp/resnet20_fmnist
 
-Every `--log_every_steps` steps it logs the loss, the learning rate, images/s and the
-time per step, and writes them to TensorBoard under `--model_dir`.
+Every `--log_every_steps` steps (one compiled call) it logs the last step's loss and
+accuracy, the learning rate, images/s and the time per step, and writes them to
+TensorBoard under `--model_dir`.
 """
 
 import os
@@ -27,56 +28,76 @@ from examples.resnet import models
 from examples.resnet import schedule as schedule_lib
 
 FLAGS = flags.FLAGS
-# Data.
-flags.DEFINE_enum("dataset", "imagenet_tfrecord", data.DATASETS, "Input source.")
-flags.DEFINE_string("data_dir", None, "TFRecord shards, image folder, TFDS data_dir, "
-                    "or the Fashion-MNIST IDX files (default: the Debian package's).")
-flags.DEFINE_string("tfds_manual_dir", None, "imagenet2012 archives for TFDS to prepare.")
-flags.DEFINE_integer("image_size", 224, "Training and evaluation crop (ImageNet).")
-flags.DEFINE_integer("num_classes", 1000, "Classes of the synthetic dataset.")
-# Model.
-flags.DEFINE_enum("model", "resnet50", list(models.MODELS), "Architecture.")
-flags.DEFINE_bool("cross_replica_bn", False, "Batch-norm statistics over the global "
-                  "batch (replicator.nn.CrossReplicaBatchNorm).")
-flags.DEFINE_float("bn_decay", 0.9, "Decay of the batch-norm moving averages.")
-flags.DEFINE_bool("bfloat16", False, "Convolutions in bfloat16 (float32 variables).")
-# Recipe (Goyal et al., 2017).
-flags.DEFINE_integer("global_batch_size", 1024, "Images per step, all replicas.")
-flags.DEFINE_integer("eval_batch_size", None, "Global evaluation batch "
-                     "(default: --global_batch_size).")
-flags.DEFINE_float("base_learning_rate", 0.1, "Learning rate per 256 images.")
-flags.DEFINE_float("epochs", 90, "Training length.")
-flags.DEFINE_float("warmup_epochs", 5, "Linear warm-up from zero.")
-flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "step"], "Decay after warm-up.")
-flags.DEFINE_list("step_decay_epochs", ["30", "60", "80"], "Epochs of the 10x drops.")
-flags.DEFINE_float("momentum", 0.9, "Nesterov momentum.")
-flags.DEFINE_float("weight_decay", 1e-4, "L2 on conv and linear kernels only.")
-flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
-# Distribution.
-flags.DEFINE_enum("replicator", "multi_gpu", ["gpu", "multi_gpu", "tpu"],
-                  "GpuReplicator, MultiGpuReplicator or TpuReplicator.")
-flags.DEFINE_integer("num_cpu_devices", 1, "With no GPU: split the CPU into this many "
-                     "logical devices (replicas for --replicator=multi_gpu).")
-flags.DEFINE_string("tpu", None, "TPU name or address (default: TPU_NAME, "
-                    "COLAB_TPU_ADDR, then the local TPU VM).")
-# Bookkeeping.
-flags.DEFINE_string("model_dir", None, "Checkpoints and TensorBoard summaries.")
-flags.DEFINE_integer("log_every_steps", 100, "Steps per compiled call and log line.")
-flags.DEFINE_float("eval_every_epochs", 1, "Evaluation period.")
-flags.DEFINE_float("checkpoint_every_epochs", 1, "Checkpoint period.")
-flags.DEFINE_integer("seed", 0, "Initialisation seed.")
+
+
+def define_flags():
+  """Defines the command line, only when run as a script.
+
+  Importing this module (tests, or another example with flags of the same names in
+  the same process) then defines no flag.
+  """
+  # Data.
+  flags.DEFINE_enum("dataset", "imagenet_tfrecord", data.DATASETS, "Input source.")
+  flags.DEFINE_string("data_dir", None, "TFRecord shards, image folder, TFDS data_dir, "
+                      "or the Fashion-MNIST IDX files (default: the Debian package's).")
+  flags.DEFINE_string("tfds_manual_dir", None,
+                      "imagenet2012 archives for TFDS to prepare.")
+  flags.DEFINE_integer("image_size", 224, "Training and evaluation crop (ImageNet).")
+  flags.DEFINE_integer("num_classes", 1000, "Classes of the synthetic dataset.")
+  # Model.
+  flags.DEFINE_enum("model", "resnet50", list(models.MODELS), "Architecture.")
+  flags.DEFINE_bool("cross_replica_bn", False, "Batch-norm statistics over the global "
+                    "batch (replicator.nn.CrossReplicaBatchNorm).")
+  flags.DEFINE_float("bn_decay", 0.9, "Decay of the batch-norm moving averages.")
+  flags.DEFINE_bool("bfloat16", False, "Convolutions in bfloat16 (float32 variables).")
+  # Recipe (Goyal et al., 2017).
+  flags.DEFINE_integer("global_batch_size", 1024, "Images per step, all replicas.")
+  flags.DEFINE_integer("eval_batch_size", None, "Global evaluation batch "
+                       "(default: --global_batch_size).")
+  flags.DEFINE_float("base_learning_rate", 0.1, "Learning rate per 256 images.")
+  flags.DEFINE_float("epochs", 90, "Training length.")
+  flags.DEFINE_float("warmup_epochs", 5, "Linear warm-up from zero.")
+  flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "step"], "Decay after warm-up.")
+  flags.DEFINE_list("step_decay_epochs", ["30", "60", "80"], "Epochs of the 10x drops.")
+  flags.DEFINE_float("momentum", 0.9, "Nesterov momentum.")
+  flags.DEFINE_float("weight_decay", 1e-4, "L2 on conv and linear kernels only.")
+  flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
+  # Distribution.
+  flags.DEFINE_enum("replicator", "multi_gpu", ["gpu", "multi_gpu", "tpu"],
+                    "GpuReplicator, MultiGpuReplicator or TpuReplicator.")
+  flags.DEFINE_integer("num_cpu_devices", 1, "With no GPU: split the CPU into this many "
+                       "logical devices (replicas for --replicator=multi_gpu).")
+  flags.DEFINE_string("tpu", None, "TPU name or address (default: TPU_NAME, "
+                      "COLAB_TPU_ADDR, then the local TPU VM).")
+  # Bookkeeping.
+  flags.DEFINE_string("model_dir", None, "Checkpoints and TensorBoard summaries.")
+  flags.DEFINE_integer("log_every_steps", 100, "Steps per compiled call and log line.")
+  flags.DEFINE_float("eval_every_epochs", 1, "Evaluation period.")
+  flags.DEFINE_float("checkpoint_every_epochs", 1, "Checkpoint period.")
+  flags.DEFINE_integer("seed", 0, "Initialisation seed.")
 
 
 def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None):
   if num_cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_cpu_devices)
+    replicator.testing.configure_logical_cpus(num_cpu_devices)
   if kind == "gpu":
     return replicator.GpuReplicator()
   if kind == "multi_gpu":
     return replicator.MultiGpuReplicator()
   return replicator.TpuReplicator(tpu=tpu)
+
+
+def make_checkpointer(directory: str, **trackables):
+  """`replicator.Checkpointer`, or TensorFlow's manager where the library lacks it."""
+  if hasattr(replicator, "Checkpointer"):
+    return replicator.Checkpointer(directory, **trackables)
+  checkpoint = tf.train.Checkpoint(**trackables)
+  manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3)
+
+  class _Checkpointer:
+    save = staticmethod(lambda step: manager.save(checkpoint_number=step))
+    restore_latest = staticmethod(lambda: manager.restore_or_initialize())
+  return _Checkpointer()
 
 
 def cross_entropy(logits, labels, label_smoothing: float):
@@ -87,9 +108,13 @@ def cross_entropy(logits, labels, label_smoothing: float):
 
 
 class Experiment:
-  """The model, optimizer, schedule and the train and evaluation steps."""
+  """The model, optimizer, schedule and the train and evaluation steps.
 
-  def __init__(self, repl, model_name: str, num_classes: int,
+  `model_fn(num_classes=, norm_factory=, compute_dtype=)` builds the model, e.g.
+  `models.ResNet50`.
+  """
+
+  def __init__(self, repl, model_fn, num_classes: int,
                lr_schedule: schedule_lib.LearningRateSchedule, momentum: float = 0.9,
                weight_decay: float = 1e-4, label_smoothing: float = 0.1,
                cross_replica_bn: bool = False, bn_decay: float = 0.9,
@@ -99,10 +124,9 @@ class Experiment:
     self.weight_decay = weight_decay
     self.label_smoothing = label_smoothing
     with repl.context():
-      self.model = models.MODELS[model_name](
-          num_classes=num_classes,
-          norm_factory=models.batch_norm_factory(bn_decay, cross_replica=cross_replica_bn),
-          compute_dtype=tf.bfloat16 if bfloat16 else tf.float32)
+      norm_factory = models.batch_norm_factory(bn_decay, cross_replica=cross_replica_bn)
+      self.model = model_fn(num_classes=num_classes, norm_factory=norm_factory,
+                            compute_dtype=tf.bfloat16 if bfloat16 else tf.float32)
       self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
       self.learning_rate = tf.Variable(0.0, trainable=False, name="learning_rate")
       self.base_optimizer = snt.optimizers.Momentum(self.learning_rate, momentum,
@@ -161,7 +185,7 @@ def train(experiment: Experiment, train_input_fn, eval_input_fn, global_batch_si
   checkpoint_every = max(1, int(checkpoint_every_epochs * steps_per_epoch))
   checkpointer = writers = None
   if model_dir:
-    checkpointer = replicator.Checkpointer(
+    checkpointer = make_checkpointer(
         os.path.join(model_dir, "checkpoints"), model=experiment.model,
         optimizer=experiment.base_optimizer, step=experiment.step)
     checkpointer.restore_latest()
@@ -233,7 +257,7 @@ def main(argv):
   logging.info("%d replicas, %s on %s: %d steps of %d images, peak learning rate %.3f",
                repl.num_replicas, FLAGS.model, FLAGS.dataset, lr_schedule.total_steps,
                FLAGS.global_batch_size, lr_schedule.peak_learning_rate)
-  experiment = Experiment(repl, FLAGS.model, info.num_classes, lr_schedule,
+  experiment = Experiment(repl, models.MODELS[FLAGS.model], info.num_classes, lr_schedule,
                           FLAGS.momentum, FLAGS.weight_decay, FLAGS.label_smoothing,
                           FLAGS.cross_replica_bn, FLAGS.bn_decay, FLAGS.bfloat16)
   input_args = dict(data_dir=FLAGS.data_dir, image_size=FLAGS.image_size,
@@ -252,4 +276,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -80,8 +80,8 @@ def test_tfrecord_workers_read_disjoint_parts(tfrecord_dir, split_files, tmp_pat
     with tf.io.TFRecordWriter(os.path.join(data_dir, "train-00000-of-00001")) as writer:
       for record in records:
         writer.write(record)
-  per_worker = [sorted(int(y) for _, y in data.tfrecord_source(data_dir, True, _ctx(2, i)))
-                for i in range(2)]
+  per_worker = [sorted(int(y) for _, y in data.tfrecord_source(data_dir, True, ctx))
+                for ctx in (_ctx(2, 0), _ctx(2, 1))]
   assert not set(per_worker[0]) & set(per_worker[1])
   assert sorted(per_worker[0] + per_worker[1]) == list(range(8))
 
@@ -105,11 +105,11 @@ def folder_dir(tmp_path_factory):
 def test_image_folder(folder_dir):
   info = data.dataset_info("image_folder", folder_dir, IMAGE_SIZE)
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (2, 6, 4)
-  train_fn = data.make_input_fn("image_folder", True, 3, folder_dir, image_size=IMAGE_SIZE)
+  train_fn = data.make_input_fn("image_folder", True, 3, folder_dir, IMAGE_SIZE)
   images, labels = _collect(train_fn(_ctx()), num_batches=4)
   assert images.shape == (12, IMAGE_SIZE, IMAGE_SIZE, 3)
   assert sorted(set(labels)) == [0, 1]
-  eval_fn = data.make_input_fn("image_folder", False, 2, folder_dir, image_size=IMAGE_SIZE)
+  eval_fn = data.make_input_fn("image_folder", False, 2, folder_dir, IMAGE_SIZE)
   _, labels, weights = _collect(eval_fn(_ctx()))
   assert list(labels) == [0, 0, 1, 1] and weights.sum() == 4
 
@@ -135,7 +135,8 @@ def _write_idx(path, array):
 def test_fashion_mnist_from_idx_files(tmp_path):
   rng = np.random.default_rng(2)
   for prefix, n in (("train", 12), ("t10k", 5)):
-    _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, [n, 28, 28]))
+    _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz",
+               rng.integers(0, 256, [n, 28, 28]))
     _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
   images, labels = data.load_fashion_mnist(str(tmp_path), is_training=False)
   assert images.shape == (5, 28, 28, 1) and list(labels) == [0, 1, 2, 3, 4]
@@ -154,15 +155,17 @@ def test_fashion_mnist_from_idx_files(tmp_path):
                     reason="Debian package dataset-fashion-mnist not installed")
 def test_fashion_mnist_installed():
   images, labels = data.load_fashion_mnist(data.FASHION_MNIST_DIR, is_training=False)
-  assert images.shape == (10_000, 28, 28, 1) and np.bincount(labels).tolist() == [1000] * 10
+  assert images.shape == (10_000, 28, 28, 1)
+  assert np.bincount(labels).tolist() == [1000] * 10
 
 
 def test_synthetic():
   train = next(iter(data.make_input_fn("synthetic", True, 8, image_size=IMAGE_SIZE,
                                        num_classes=5)(_ctx(num_replicas=2))))
   assert train[0].shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3) and train[1].numpy().max() < 5
-  _, _, weights = _collect(data.make_input_fn("synthetic", False, 8, image_size=IMAGE_SIZE,
-                                              num_classes=5)(_ctx()))
+  eval_fn = data.make_input_fn("synthetic", False, 8, image_size=IMAGE_SIZE,
+                                num_classes=5)
+  _, _, weights = _collect(eval_fn(_ctx()))
   assert weights.sum() == 256
 
 

@@ -5,6 +5,7 @@ import pytest
 import sonnet as snt
 import tensorflow as tf
 
+import replicator
 from examples.resnet import models
 
 
@@ -28,16 +29,14 @@ def test_resnet50_shape_and_parameter_count(resnet50):
   assert len(model.blocks) == 16
 
 
-def test_resnet50_full_resolution_feature_map():
-  model = models.ResNet50(num_classes=7)
-  images = tf.zeros([1, 224, 224, 3])
-  x = model.stem(images, is_training=False)
-  assert x.shape == (1, 112, 112, 64)
-  x = tf.nn.max_pool2d(x, 3, 2, "SAME")
+def test_resnet50_downsamples_by_32(resnet50):
+  model, _ = resnet50
+  x = tf.nn.max_pool2d(model.stem(tf.zeros([1, 64, 64, 3]), is_training=False), 3, 2,
+                       "SAME")
+  assert x.shape == (1, 16, 16, 64)
   for block in model.blocks:
     x = block(x, is_training=False)
-  assert x.shape == (1, 7, 7, 2048)
-  assert model(images, is_training=False).shape == (1, 7)
+  assert x.shape == (1, 2, 2, 2048)  # 7x7 at 224x224
 
 
 def test_resnet50_v1_5_strides_on_the_3x3(resnet50):
@@ -72,16 +71,19 @@ def test_zero_init_of_last_bn_scale_makes_blocks_identity():
   np.testing.assert_allclose(block(x, is_training=True).numpy(), x.numpy())
 
 
-@pytest.mark.parametrize("factory", [models.ResNet20, models.ResNet50])
-def test_weight_decay_only_on_conv_and_linear_kernels(factory):
-  model = factory(num_classes=10)
-  size = 28 if factory is models.ResNet20 else 32
-  model(tf.zeros([1, size, size, 3]), is_training=False)
+def _check_weight_decay_variables(model):
   decayed = {v.ref() for v in model.weight_decay_variables}
   kernels = [v for v in model.trainable_variables if v.shape.rank in (2, 4)]
   assert decayed == {v.ref() for v in kernels}
   others = [v.name for v in model.trainable_variables if v.ref() not in decayed]
   assert others and all(("bn" in n or n.endswith("b:0")) for n in others)
+
+
+def test_weight_decay_only_on_conv_and_linear_kernels(resnet50):
+  _check_weight_decay_variables(resnet50[0])
+  model = models.ResNet20(num_classes=10)
+  model(tf.zeros([1, 28, 28, 1]), is_training=False)
+  _check_weight_decay_variables(model)
 
 
 def test_bfloat16_compute_keeps_float32_variables_and_logits():
@@ -93,7 +95,7 @@ def test_bfloat16_compute_keeps_float32_variables_and_logits():
   bf16(images, is_training=True)
   assert all(v.dtype in (tf.float32, tf.int64) for v in bf16.variables)
   for a, b in zip(f32.variables, bf16.variables):
-    # Unit last scales, so that every conv contributes to the logits.
+    # Zero-initialised vectors (last scales, offsets) to one: every conv counts.
     b.assign(tf.ones_like(a) if a.shape.rank == 1 and not a.numpy().any() else a)
     a.assign(b)
   out32 = f32(images, is_training=True)
@@ -106,6 +108,13 @@ def test_bfloat16_compute_keeps_float32_variables_and_logits():
 def test_batch_norm_factory_options():
   norm = models.batch_norm_factory(decay_rate=0.8)(snt.initializers.Zeros(), "bn")
   assert isinstance(norm, snt.BatchNorm)
-  replicator = pytest.importorskip("replicator")
   cross = models.batch_norm_factory(cross_replica=True)(None, "bn")
   assert isinstance(cross, replicator.nn.CrossReplicaBatchNorm)
+
+
+def test_keras_baseline_is_the_same_resnet20():
+  from examples.resnet import keras_baseline  # pylint: disable=g-import-not-at-top
+  keras_model = keras_baseline.resnet20(num_classes=10)
+  model = models.ResNet20(num_classes=10)
+  model(tf.zeros([1, 28, 28, 1]), is_training=False)
+  assert _num_parameters(keras_model) == _num_parameters(model) == 272_186

@@ -1,0 +1,140 @@
+"""Training steps of examples/resnet through MultiGpuReplicator on 2 logical CPUs."""
+
+import functools
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import replicator
+from examples.resnet import data
+from examples.resnet import models
+from examples.resnet import schedule as schedule_lib
+from examples.resnet import train
+
+TWO_CPUS = ["/cpu:0", "/cpu:1"]
+IMAGE_SIZE = 8
+GLOBAL_BATCH = 16
+
+
+def _schedule(total_epochs=100, warmup_epochs=0.0, base_learning_rate=0.4):
+  return schedule_lib.LearningRateSchedule(
+      base_learning_rate=base_learning_rate, global_batch_size=GLOBAL_BATCH,
+      steps_per_epoch=1, total_epochs=total_epochs, warmup_epochs=warmup_epochs)
+
+
+# Two basic blocks (one with a projection): ResNet-20's code paths, a fraction of its
+# tracing time.
+TINY_RESNET = functools.partial(models.ResNet, [1, 1], [8, 16], models.BasicBlock,
+                                imagenet_stem=False)
+
+
+def _experiment(repl, schedule=None, model_fn=TINY_RESNET, **kwargs):
+  return train.Experiment(repl, model_fn, num_classes=4,
+                          lr_schedule=schedule or _schedule(), **kwargs)
+
+
+def _fixed_batches(seed=0):
+  """One global batch, fed again every step, as per-replica halves.
+
+  The label is the brightest quadrant of the image, so a few steps can learn it.
+  """
+  rng = np.random.default_rng(seed)
+  images = rng.normal(size=[GLOBAL_BATCH, IMAGE_SIZE, IMAGE_SIZE, 1]).astype(np.float32)
+  labels = np.arange(GLOBAL_BATCH, dtype=np.int32) % 4
+  half = IMAGE_SIZE // 2
+  for i, label in enumerate(labels):
+    images[i, (label // 2) * half:(label // 2 + 1) * half,
+           (label % 2) * half:(label % 2 + 1) * half] += 2.0
+  return images, labels
+
+
+def _input_fn(images, labels):
+  def input_fn(ctx):
+    batch = ctx.per_replica_batch_size(GLOBAL_BATCH)
+    return tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch).repeat()
+  return input_fn
+
+
+def test_a_few_steps_lower_the_loss_on_two_replicas():
+  repl = replicator.MultiGpuReplicator(devices=TWO_CPUS)
+  experiment = _experiment(repl, _schedule(base_learning_rate=3.2))  # peak 0.2
+  input_fn = _input_fn(*_fixed_batches())
+  first = repl.run(experiment.train_step, input_fn)
+  assert first["loss"].shape == (2,)
+  np.testing.assert_allclose(first["loss"][0], first["loss"][1])  # all_mean
+  last = repl.run(experiment.train_step, input_fn, steps=19)
+  assert int(experiment.step.numpy()) == 20  # advanced once per step, not per replica
+  assert float(last["loss"][0]) < 0.85 * float(first["loss"][0])
+  repl.shutdown()
+
+
+def test_two_replicas_with_cross_replica_bn_match_one_device():
+  """The oracle: one device on the whole batch, snt.BatchNorm, same initial weights.
+
+  Compares what 3 steps changed, variable by variable (weights, batch-norm
+  parameters and moving statistics), so that summation order is the only
+  allowed difference.
+  """
+  images, labels = _fixed_batches(seed=1)
+  one = replicator.GpuReplicator(device="/cpu:0")
+  two = replicator.MultiGpuReplicator(devices=TWO_CPUS)
+  oracle = _experiment(one, _schedule(warmup_epochs=2))
+  replicated = _experiment(two, _schedule(warmup_epochs=2), cross_replica_bn=True)
+  eval_input = lambda ctx: tf.data.Dataset.from_tensors(  # builds the variables
+      (images[:8], labels[:8], np.ones(8, np.float32))).repeat()
+  one.run(oracle.eval_step, eval_input)
+  two.run(replicated.eval_step, eval_input)
+  for source, target in zip(oracle.model.variables, replicated.model.variables):
+    target.assign(source)
+  for repl, experiment in ((one, oracle), (two, replicated)):
+    repl.run(experiment.train_step, _input_fn(images, labels))  # creates the rest
+  for variable in oracle.model.variables:  # Unit scales: gradients reach every conv.
+    if "scale" in variable.name:
+      variable.assign(tf.ones_like(variable))
+  state = lambda e: e.model.variables + e.base_optimizer.variables
+  for source, target in zip(state(oracle), state(replicated)):
+    target.assign(source)  # Momentum too: the same starting point in every way.
+  initial = [v.numpy() for v in oracle.model.variables]
+  for repl, experiment in ((one, oracle), (two, replicated)):
+    repl.run(experiment.train_step, _input_fn(images, labels), steps=3)
+  assert len(oracle.model.variables) == len(replicated.model.variables)
+  for before, expected, actual in zip(initial, oracle.model.variables,
+                                      replicated.model.variables):
+    assert expected.name == actual.name
+    expected_change = expected.numpy() - before
+    difference = np.linalg.norm(actual.numpy() - before - expected_change)
+    # Float32 rounding of the values themselves (~1e-7 relative) is allowed too.
+    tolerance = 1e-3 * np.linalg.norm(expected_change) + 1e-6 * np.linalg.norm(before)
+    assert difference <= tolerance + 1e-6, (
+        expected.name, difference, np.linalg.norm(expected_change))
+
+
+def test_train_loop_evaluates_checkpoints_and_resumes(tmp_path):
+  def run(total_epochs, base_learning_rate):
+    repl = replicator.MultiGpuReplicator(devices=TWO_CPUS)
+    experiment = _experiment(repl, _schedule(total_epochs, 1, base_learning_rate))
+    make = lambda is_training: data.make_input_fn(
+        "synthetic", is_training, GLOBAL_BATCH, image_size=IMAGE_SIZE, num_classes=4)
+    result = train.train(experiment, make(True), make(False), GLOBAL_BATCH,
+                         steps_per_epoch=1, model_dir=str(tmp_path), log_every_steps=2,
+                         eval_every_epochs=3, checkpoint_every_epochs=3)
+    repl.shutdown()
+    return experiment, result
+
+  experiment, result = run(total_epochs=3, base_learning_rate=0.4)
+  assert int(experiment.step.numpy()) == 3
+  assert result["count"] == 256 and 0 <= result["accuracy"] <= 1
+  assert glob.glob(os.path.join(tmp_path, "train", "events.*"))
+  assert glob.glob(os.path.join(tmp_path, "eval", "events.*"))
+
+  # Resumed at step 3, with a zero learning rate: two more steps leave the
+  # restored weights as they were (freshly initialised ones would differ).
+  resumed, _ = run(total_epochs=5, base_learning_rate=0.0)
+  assert int(resumed.step.numpy()) == 5
+  for trained, restored in zip(experiment.model.trainable_variables,
+                               resumed.model.trainable_variables):
+    np.testing.assert_allclose(restored.numpy(), trained.numpy(), rtol=1e-6,
+                               err_msg=trained.name)
