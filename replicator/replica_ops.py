@@ -18,8 +18,7 @@ def current_replica(method: str) -> context.ReplicaContext:
 def _flatten(value, method):
   flat = tf.nest.flatten(value, expand_composites=False)
   try:
-    flat = [v if isinstance(v, tf.IndexedSlices) else tf.convert_to_tensor(v)
-            for v in flat]
+    flat = [tf.convert_to_tensor(v) for v in flat]  # IndexedSlices too
   except (TypeError, ValueError) as error:
     raise TypeError(
         f"{method}: value must be a tensor or a nest of tensors, got "

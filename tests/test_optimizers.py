@@ -112,3 +112,21 @@ def test_accumulate_steps_applies_the_mean_every_kth_step(name, make_optimizer):
       loss = loss_of(oracle_w, tf.constant(data[i * 4 * n:(i + 1) * 4 * n]))
     oracle_optimizer.apply(tape.gradient(loss, [oracle_w]), [oracle_w])
   np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-5)
+
+
+def test_sparse_gradients_from_an_embedding_lookup():
+  repl = catalogue.make("multi_gpu_2")
+  with repl.context():
+    table = tf.Variable(tf.ones([4, 2]))
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(1.0))
+
+  def step_fn():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.gather(table, [1, 1, 3]))
+    grads = tape.gradient(loss, [table])
+    assert isinstance(grads[0], tf.IndexedSlices)
+    optimizer.apply(grads, [table])
+    return loss
+
+  repl.run(step_fn)
+  np.testing.assert_array_equal(table.numpy(), [[1, 1], [-1, -1], [1, 1], [0, 0]])

@@ -101,17 +101,6 @@ def write_summaries(writer, step: int, scalars: Dict[str, float],
   writer.flush()
 
 
-def _dense(grads):
-  """Densifies `tf.IndexedSlices` (the gradients of class embeddings).
-
-  TODO(replicator): drop once `wrap_optimizer` accepts `tf.IndexedSlices`
-  again: its all-reduce now wraps values in `tf.custom_gradient`, which takes
-  dense tensors only.
-  """
-  return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-          for g in grads]
-
-
 class GanTrainer:
   """The models, optimizers and the three replicated steps of one run."""
 
@@ -164,7 +153,7 @@ class GanTrainer:
       loss = losses.discriminator_hinge_loss(logits[:batch_size],
                                              logits[batch_size:])
     variables = self.discriminator.trainable_variables
-    self.d_optimizer.apply(_dense(tape.gradient(loss, variables)), variables)
+    self.d_optimizer.apply(tape.gradient(loss, variables), variables)
     return {"d_loss": self.repl.all_mean(loss),
             "d_real": self.repl.all_mean(tf.reduce_mean(logits[:batch_size]))}
 
@@ -175,7 +164,7 @@ class GanTrainer:
       loss = losses.generator_hinge_loss(
           self.discriminator(fakes, labels, is_training=True))
     variables = self.generator.trainable_variables
-    self.g_optimizer.apply(_dense(tape.gradient(loss, variables)), variables)
+    self.g_optimizer.apply(tape.gradient(loss, variables), variables)
     self.step.assign_add(1)
     return {"g_loss": self.repl.all_mean(loss)}
 
