@@ -71,6 +71,7 @@ def test_a_few_steps_lower_the_loss_on_two_replicas():
   repl.shutdown()
 
 
+@pytest.mark.slow
 def test_two_replicas_with_cross_replica_bn_match_one_device():
   """The oracle: one device on the whole batch, snt.BatchNorm, same initial weights.
 
@@ -112,6 +113,7 @@ def test_two_replicas_with_cross_replica_bn_match_one_device():
         expected.name, difference, np.linalg.norm(expected_change))
 
 
+@pytest.mark.slow
 def test_train_loop_evaluates_checkpoints_and_resumes(tmp_path):
   def run(total_epochs, base_learning_rate):
     repl = replicator.MultiGpuReplicator(devices=TWO_CPUS)
