@@ -29,10 +29,6 @@ class ReplicasDiverged(AssertionError):
   """Raised by `assert_replicas_in_sync` when copies of a variable differ."""
 
 
-def _input_key(input_fn) -> str:
-  return getattr(input_fn, "__qualname__", repr(input_fn))
-
-
 class Replicator:
   """Runs a single-device step on every replica of a `Mesh`.
 
@@ -63,6 +59,7 @@ class Replicator:
     self._synced_variables = 0
     self._consumed = {}  # input key -> steps taken from it since its start
     self._skip = {}  # input key -> steps to skip when it starts (restored)
+    self._input_keys = {}  # input_fn -> its key in checkpoints
     self._created = next(Replicator._creation_order)
     Replicator.live.add(self)
     self._jit_compile = jit_compile
@@ -191,7 +188,7 @@ class Replicator:
     completed = int(completed)
     self._steps_completed += completed
     if input_fn is not None:
-      key = _input_key(input_fn)
+      key = self._input_key(input_fn)
       self._consumed[key] = self._consumed.get(key, 0) + completed
     if completed < steps:
       raise context.InputExhausted(completed, outputs if completed else None)
@@ -230,6 +227,22 @@ class Replicator:
 
     sync()
 
+  def _input_key(self, input_fn) -> str:
+    """A name for `input_fn` that is stable across restarts of the same script.
+
+    Its qualified name, numbered in order of first use when several inputs
+    share one (two closures made by one factory).
+    """
+    if input_fn not in self._input_keys:
+      name = getattr(input_fn, "__qualname__", type(input_fn).__name__)
+      taken = set(self._input_keys.values())
+      key, number = name, 1
+      while key in taken:
+        number += 1
+        key = f"{name}#{number}"
+      self._input_keys[input_fn] = key
+    return self._input_keys[input_fn]
+
   def _input(self, input_fn):
     if input_fn is None:
       return None, None
@@ -251,10 +264,10 @@ class Replicator:
           f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
     self._check_dataset(dataset, input_fn)
-    skip = self._skip.pop(_input_key(input_fn), 0)
+    skip = self._skip.pop(self._input_key(input_fn), 0)
     if skip:  # resuming: each step took one element per local replica
       dataset = dataset.skip(skip * self.num_local_replicas)
-      self._consumed[_input_key(input_fn)] = skip
+      self._consumed[self._input_key(input_fn)] = skip
     if expected_spec is not None and dataset.element_spec != expected_spec:
       raise ValueError(
           f"input_fn: the dataset's element structure changed from "
@@ -286,13 +299,13 @@ class Replicator:
     self._skip = dict(positions)
     self._consumed = {}
     for input_fn in list(self._inputs):
-      if _input_key(input_fn) in self._skip:
+      if self._input_key(input_fn) in self._skip:
         self._inputs[input_fn] = self._make_input(input_fn, self._inputs[input_fn][1])
 
   def reset_input(self, input_fn: Callable):
     """Starts `input_fn`'s data again from the beginning (calls it anew)."""
     self._check_open("reset_input")
-    self._consumed.pop(_input_key(input_fn), None)
+    self._consumed.pop(self._input_key(input_fn), None)
     previous = self._inputs.get(input_fn)
     self._inputs[input_fn] = self._make_input(
         input_fn, previous[1] if previous else None)

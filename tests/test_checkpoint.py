@@ -86,3 +86,28 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint(tmp_path):
   checkpointer = replicator.Checkpointer(tmp_path, counter=counter)
   assert checkpointer.restore_latest() == 1  # ...but step 1 is what is visible
   assert float(counter) == 1.0
+
+
+def test_inputs_with_the_same_name_keep_separate_positions(tmp_path):
+  def make_input(size):
+    def input_fn(ctx):
+      return tf.data.Dataset.range(size).batch(1)
+    return input_fn
+
+  def run_script():
+    repl = catalogue.make("multi_gpu_2")
+    counter = tf.Variable(0)
+    return repl, make_input(100), make_input(50), replicator.Checkpointer(
+        tmp_path, counter=counter)
+
+  repl, train, evaluate, checkpointer = run_script()
+  repl.run(lambda b: b, train, steps=3)
+  repl.run(lambda b: b, evaluate, steps=1)
+  checkpointer.save(step=3)
+  repl.shutdown()
+  repl, train, evaluate, checkpointer = run_script()
+  repl.run(lambda b: b, train)  # used first, as before: same key
+  repl.run(lambda b: b, evaluate)
+  checkpointer.restore_latest()
+  np.testing.assert_array_equal(repl.run(lambda b: b, train).numpy(), [[6], [7]])
+  np.testing.assert_array_equal(repl.run(lambda b: b, evaluate).numpy(), [[2], [3]])
