@@ -48,3 +48,15 @@ def input_fn_for(x, y, global_batch, repeat=False):
 def norm_relative(a, b):
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
+
+
+def train_step(model, optimizer):
+  """A step_fn: one optimizer step on the mean cross-entropy of a batch."""
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          batch[1], model(batch[0])))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                    model.trainable_variables)
+    return loss
+  return step_fn

@@ -23,13 +23,7 @@ def _trainer(name, directory):
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     return ds.batch(ctx.per_replica_batch_size(32), drop_remainder=True)
 
-  def step_fn(batch):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          batch[1], model(batch[0])))
-    optimizer.apply(tape.gradient(loss, model.trainable_variables),
-                    model.trainable_variables)
-    return loss
+  step_fn = catalogue.train_step(model, optimizer)
 
   checkpointer = replicator.Checkpointer(directory, model=model, optimizer=optimizer)
   return repl, model, optimizer, checkpointer, lambda steps: repl.run(

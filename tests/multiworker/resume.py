@@ -41,13 +41,7 @@ def main():
     ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
     return ds.batch(ctx.per_replica_batch_size(32), drop_remainder=True)
 
-  def step_fn(batch):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          batch[1], model(batch[0])))
-    optimizer.apply(tape.gradient(loss, model.trainable_variables),
-                    model.trainable_variables)
-    return loss
+  step_fn = catalogue.train_step(model, optimizer)
 
   start = checkpointer.restore_latest() or 0
   print(f"starting at step {start}", flush=True)
