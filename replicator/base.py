@@ -130,21 +130,27 @@ class Replicator:
     """This replica's global id, a scalar int32 tensor."""
     return replica_ops.replica_id()
 
-  def all_reduce(self, value, op=ReduceOp.SUM, method="all_reduce"):
-    """Reduces `value` (a tensor or nest) over all replicas with `op`."""
-    return replica_ops.all_reduce(value, op, self._all_reduce, method)
+  def all_reduce(self, value, op=ReduceOp.SUM, *, options=None,
+                 method="all_reduce"):
+    """Reduces `value` (a tensor or nest) over all replicas with `op`.
+
+    `options` (an `AllReduceOptions`) overrides the replicator's for this call,
+    e.g. to compress one large reduction.
+    """
+    options = self._all_reduce if options is None else collectives.check_options(options)
+    return replica_ops.all_reduce(value, op, options, method)
 
   def all_sum(self, value):
-    return self.all_reduce(value, ReduceOp.SUM, "all_sum")
+    return self.all_reduce(value, ReduceOp.SUM, method="all_sum")
 
   def all_mean(self, value):
-    return self.all_reduce(value, ReduceOp.MEAN, "all_mean")
+    return self.all_reduce(value, ReduceOp.MEAN, method="all_mean")
 
   def all_max(self, value):
-    return self.all_reduce(value, ReduceOp.MAX, "all_max")
+    return self.all_reduce(value, ReduceOp.MAX, method="all_max")
 
   def all_min(self, value):
-    return self.all_reduce(value, ReduceOp.MIN, "all_min")
+    return self.all_reduce(value, ReduceOp.MIN, method="all_min")
 
   def all_gather(self, value, axis: int = 0):
     return replica_ops.all_gather(value, axis)

@@ -39,7 +39,15 @@ class AllReduceOptions:
     pack_bytes: gradients are concatenated into buckets of at most this many
       bytes (per dtype) and each bucket is reduced with one collective.
     compression: `Compression.BF16` / `FP16` halve the bytes moved; the sum is
-      then computed in that precision too (relative error ~ 2**-8 for bf16).
+      then computed in that precision too (relative error ~ 2**-8 for bf16;
+      TensorFlow's collective sums in the dtype it is given: 1.001 + 2.001 in
+      bfloat16 gives 3).
+    sum_in_float32: with compression, values still travel compressed but are
+      added in float32: every value is rounded once, the sums not at all.
+      Between workers this is an all-gather of the compressed buckets and a
+      local sum (each worker receives W-1 buckets instead of a ring's ~2):
+      it pays at 2-4 workers, where it moves half the bytes of a float32
+      all-reduce.
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers).
@@ -47,6 +55,7 @@ class AllReduceOptions:
   pack_bytes: int = 32 * 2**20
   compression: Compression = Compression.NONE
   timeout_s: float = 60.0
+  sum_in_float32: bool = False
 
   def __post_init__(self):
     if not isinstance(self.pack_bytes, int) or self.pack_bytes <= 0:
@@ -58,6 +67,11 @@ class AllReduceOptions:
           f"{self.compression!r}; use e.g. Compression.BF16.")
     if self.timeout_s <= 0:
       raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s!r}.")
+    if self.sum_in_float32 and self.compression is Compression.NONE:
+      raise ValueError(
+          "sum_in_float32: True only changes a compressed all-reduce, and "
+          "compression is Compression.NONE; set compression=Compression.BF16 "
+          "(or FP16) too, or leave sum_in_float32 out.")
 
 
 def check_options(options) -> AllReduceOptions:
@@ -116,9 +130,19 @@ def _on_gpus(devices: Sequence[str]) -> bool:
   return len(devices) > 1 and all("GPU" in d.upper() for d in devices)
 
 
+@dataclasses.dataclass(frozen=True)
+class StandInWorkers:
+  """The other workers while a step is traced only to build it (never run).
+
+  Collectives across workers become stand-ins of the right shape, and no
+  collective instance key is used up (every worker must draw the same keys).
+  """
+  num_workers: int
+
+
 def across_workers(value: tf.Tensor, merge_op: str, workers) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective)."""
-  if workers is None or workers.num_workers == 1:
+  if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
     return value
   return collective_ops.all_reduce_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
@@ -126,7 +150,7 @@ def across_workers(value: tf.Tensor, merge_op: str, workers) -> tf.Tensor:
       communication_hint="ring", timeout=workers.timeout_s)
 
 
-def _sum(parts: List[tf.Tensor], compression: Compression,
+def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
@@ -135,23 +159,57 @@ def _sum(parts: List[tf.Tensor], compression: Compression,
   collective between workers.
   """
   dtype = parts[0].dtype
-  if compression is not Compression.NONE and dtype.is_floating:
-    parts = [tf.cast(p, compression.value) for p in parts]
-  if _on_gpus(devices) and (workers is None or workers.num_workers == 1):
-    totals = nccl_ops.all_sum(_spread_each(parts, devices))
+  narrow = options.compression.value if dtype.is_floating else None
+  if narrow is not None:  # cast where the value lives, so it travels narrow
+    parts = _on_devices(lambda p: tf.cast(p, narrow), parts, devices)
+  if narrow is not None and options.sum_in_float32:
+    totals = _spread(_sum_wide(parts, narrow, devices[0], workers), devices)
+  elif _on_gpus(devices) and (workers is None or workers.num_workers == 1):
+    totals = nccl_ops.all_sum(_on_devices(tf.identity, parts, devices))
   else:
     with tf.device(devices[0]):
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
       total = across_workers(total, "Add", workers)
     totals = _spread(total, devices)
-  return [tf.cast(t, dtype) for t in totals]
+  return _on_devices(lambda t: tf.cast(t, dtype), totals, devices)
 
 
-def _spread_each(values: Sequence[tf.Tensor], devices: Sequence[str]):
+def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
+  """Every worker's `value` concatenated along axis 0, in worker order."""
+  if workers is None or workers.num_workers == 1:
+    return value
+  if isinstance(workers, StandInWorkers):
+    return tf.concat([value] * workers.num_workers, 0)
+  if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
+    flat = tf.reshape(value, [-1])
+    odd = flat.shape[0] % 2
+    pairs = tf.reshape(tf.pad(flat, [[0, odd]]), [-1, 2])
+    words = gather_workers(tf.bitcast(pairs, tf.int32), workers)
+    halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [workers.num_workers, -1])
+    return tf.reshape(halves[:, :flat.shape[0]],
+                      [workers.num_workers * value.shape[0]] + value.shape[1:])
+  return collective_ops.all_gather_v2(
+      value, group_size=workers.num_workers, group_key=workers.group_key,
+      instance_key=workers.next(), communication_hint="ring",
+      timeout=workers.timeout_s)
+
+
+def _sum_wide(parts, narrow, device, workers) -> tf.Tensor:
+  """The float32 sum of compressed `parts` and of the other workers' sums."""
+  with tf.device(device):
+    total = tf.add_n([tf.cast(p, tf.float32) for p in parts])
+    if workers is None or workers.num_workers == 1:
+      return total
+    gathered = gather_workers(tf.cast(total, narrow), workers)
+    return tf.reduce_sum(
+        tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0)
+
+
+def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
   out = []
   for value, device in zip(values, devices):
     with tf.device(device):
-      out.append(tf.identity(value))
+      out.append(fn(value))
   return out
 
 
@@ -186,7 +244,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         with tf.device(device):
           flat.append(tf.concat([tf.reshape(replica[i], [-1]) for i in group], 0)
                       if len(group) > 1 else replica[group[0]])
-      totals = _sum(flat, options.compression, devices, workers)
+      totals = _sum(flat, options, devices, workers)
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
           if op is ReduceOp.MEAN:
@@ -228,10 +286,7 @@ def all_gather(values: List[List[tf.Tensor]], axis: int,
         axis_index = axis % rank
         order = [axis_index] + [d for d in range(rank) if d != axis_index]
         front = tf.transpose(gathered, order) if axis_index else gathered
-        front = collective_ops.all_gather_v2(
-            front, group_size=workers.num_workers, group_key=workers.group_key,
-            instance_key=workers.next(), communication_hint="ring",
-            timeout=workers.timeout_s)
+        front = gather_workers(front, workers)
         inverse = [order.index(d) for d in range(rank)]
         gathered = tf.transpose(front, inverse) if axis_index else front
       for r, spread in enumerate(_spread(gathered, devices)):

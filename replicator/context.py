@@ -14,6 +14,8 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from replicator import collectives
+
 _local = threading.local()
 
 
@@ -90,7 +92,9 @@ class ReplicaGroup:
     self.first_replica_id = first_replica_id
     self.num_replicas = num_replicas
     self.build_only = build_only
-    self.workers = None if build_only else workers
+    if build_only and workers is not None:
+      workers = collectives.StandInWorkers(workers.num_workers)
+    self.workers = workers
     self._resume = [threading.Event() for _ in self.devices]
     self._paused = threading.Semaphore(0)
     self._arrivals = [None] * len(self.devices)

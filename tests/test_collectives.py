@@ -118,6 +118,33 @@ def test_compressed_all_reduce_error_is_bounded(compression, bound):
   assert np.max(np.abs(got - exact)) > 0  # it really was compressed
 
 
+@pytest.mark.parametrize("compression,bound", [
+    (replicator.Compression.BF16, 2.0**-7), (replicator.Compression.FP16, 2.0**-10)])
+def test_sum_in_float32_rounds_each_value_once_and_never_the_sum(compression, bound):
+  rng = np.random.RandomState(2)
+  values = [[rng.randn(1000).astype(np.float32)] for _ in range(2)]
+  options = replicator.AllReduceOptions(compression=compression, sum_in_float32=True)
+  result, _ = _reduce_in_graph(values, options)
+  exact = values[0][0].astype(np.float64) + values[1][0]
+  got = result[0][0].numpy()
+  scale = np.abs(values[0][0]) + np.abs(values[1][0])
+  assert np.all(np.abs(got - exact) <= 0.5 * bound * scale + 1e-6 * scale)
+  # 256 + 1.5 are both exact in 8 mantissa bits; their sum is not: bfloat16
+  # addition gives 258, a float32 sum of the bfloat16 values the exact 257.5.
+  pair = [[np.array([256.0], np.float32)], [np.array([1.5], np.float32)]]
+  narrow, _ = _reduce_in_graph(
+      pair, replicator.AllReduceOptions(compression=replicator.Compression.BF16))
+  wide, _ = _reduce_in_graph(pair, replicator.AllReduceOptions(
+      compression=replicator.Compression.BF16, sum_in_float32=True))
+  assert narrow[0][0].numpy()[0] == 258.0
+  assert wide[0][0].numpy()[0] == 257.5
+
+
+def test_sum_in_float32_without_compression_is_an_error():
+  with pytest.raises(ValueError, match="sum_in_float32.*compression"):
+    replicator.AllReduceOptions(sum_in_float32=True)
+
+
 @pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_emulated_2"])
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "gather", "broadcast"])
 def test_gradients_flow_through_collectives_as_on_one_device(name, kind):

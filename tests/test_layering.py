@@ -49,7 +49,7 @@ def test_imports_point_down_the_layers():
 
 
 def test_examples_and_benchmarks_use_only_the_public_api():
-  public = {"nn", "testing"}
+  public = {"nn", "testing", "launch"}
   for folder in ("examples", "benchmarks"):
     for path in (ROOT / folder).rglob("*.py"):
       for imported in _imports(path):

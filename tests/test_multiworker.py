@@ -11,11 +11,12 @@ import catalogue
 import test_equivalence
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "multiworker", "train_mlp.py")
+COLLECTIVES = os.path.join(os.path.dirname(__file__), "multiworker", "collectives.py")
 
 
-def _launch(tmp_path, *script_args, workers=2, devices=2, timeout_s=240):
+def _launch(tmp_path, *script_args, workers=2, devices=2, timeout_s=240, script=SCRIPT):
   command = [sys.executable, "-m", "replicator.launch", "--workers", str(workers),
-             "--devices-per-worker", str(devices), "--", sys.executable, SCRIPT,
+             "--devices-per-worker", str(devices), "--", sys.executable, script,
              "--out", str(tmp_path), *script_args]
   done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
   return done.returncode, done.stdout + done.stderr
@@ -44,6 +45,40 @@ def test_two_workers_of_two_devices_train_like_one_device(tmp_path, optimizer):
       start, test_equivalence.OPTIMIZERS[optimizer], x, y, steps=10)
   for i, want in enumerate(expected):
     assert catalogue.norm_relative(results[0][f"v{i}"], want) < 1e-5, i
+
+
+@pytest.mark.slow
+def test_every_collective_across_two_workers_matches_numpy(tmp_path):
+  code, log = _launch(tmp_path, script=COLLECTIVES)
+  assert code == 0, log
+  sys.path.insert(0, os.path.dirname(COLLECTIVES))
+  try:
+    import collectives as worker  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  n = 4
+  x = np.stack([worker.value(r) for r in range(n)])
+  i = np.stack([worker.value(r, np.int32) for r in range(n)])
+  exact = x.astype(np.float64).sum(0)
+  for w, got in enumerate(_results(tmp_path)):
+    np.testing.assert_array_equal(got["replica"], [2 * w, 2 * w + 1])
+    for r in range(2):  # each local replica holds the job's result
+      np.testing.assert_allclose(got["sum"][r], x.sum(0), rtol=1e-6)
+      np.testing.assert_allclose(got["mean"][r], x.mean(0), rtol=1e-6)
+      np.testing.assert_array_equal(got["max"][r], x.max(0))
+      np.testing.assert_array_equal(got["min"][r], i.min(0))
+      np.testing.assert_array_equal(got["int_sum"][r], i.sum(0))
+      np.testing.assert_array_equal(got["gather0"][r], np.concatenate(x, 0))
+      np.testing.assert_array_equal(got["gather1"][r], np.concatenate(i, 1))
+      np.testing.assert_array_equal(got["broadcast"][r], x[n - 1])
+      scale = np.abs(x).sum(0)
+      for j, factor in enumerate([1, 2]):
+        # bfloat16 on the wire: 4 values and 3 sums rounded (2**-8 each) ...
+        err = np.abs(got[f"bf16_{j}"][r] - factor * exact)
+        assert np.all(err <= factor * 7 * 2.0**-8 * scale), err.max()
+        # ... or, summed in float32, the values and each worker's total once.
+        err = np.abs(got[f"bf16_sum_in_float32_{j}"][r] - factor * exact)
+        assert np.all(err <= factor * 2 * 2.0**-8 * scale), err.max()
 
 
 @pytest.mark.slow

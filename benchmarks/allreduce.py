@@ -1,0 +1,179 @@
+"""All-reduce of a ResNet-50-like gradient set across local worker processes.
+
+Ours (packed float32, bfloat16 on the wire, bfloat16 with a float32 sum) against
+`MultiWorkerMirroredStrategy` (RING, with and without `bytes_per_pack`), each
+variant in its own set of worker processes on 127.0.0.1, started through
+`replicator.launch`, variants alternating round by round. The gradient set has
+ResNet-50's 161 tensors with their sizes scaled by `--scale` (0.25: 6.4 M
+floats, 25.6 MB in float32; 1.0 is the real 102 MB).
+
+  python -m benchmarks.allreduce [--workers 2,4] [--rounds 3] [--json out.json]
+
+Prints ms per all-reduce (best of the rounds, as timed by worker 0) and the
+ratios to MWMS. Each worker gets cores/W intra-op threads.
+"""
+
+import argparse
+import io
+import json
+import os
+import platform
+import sys
+import time
+
+VARIANTS = ("ours fp32 packed", "ours bf16", "ours bf16, float32 sum",
+            "MWMS RING, bytes_per_pack=0", "MWMS RING, bytes_per_pack=32MB")
+
+
+def resnet50_sizes():
+  """Element counts of ResNet-50 v1.5's 161 trainable tensors (25.56 M)."""
+  sizes = [7 * 7 * 3 * 64, 64, 64]
+  channels = 64
+  for blocks, mid, out in ((3, 64, 256), (4, 128, 512), (6, 256, 1024), (3, 512, 2048)):
+    for block in range(blocks):
+      if block == 0:
+        sizes += [channels * out, out, out]
+      sizes += [channels * mid, mid, mid, 9 * mid * mid, mid, mid, mid * out, out, out]
+      channels = out
+  return sizes + [2048 * 1000, 1000]
+
+
+def _gradients(scale):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  return [rng.randn(max(1, int(n * scale))).astype(np.float32)
+          for n in resnet50_sizes()]
+
+
+def _time_calls(call, iters):
+  call()  # trace, compile, and first rendezvous
+  call()
+  start = time.perf_counter()
+  for _ in range(iters):
+    out = call()
+  float(out)
+  return (time.perf_counter() - start) / iters
+
+
+def worker(variant: str, scale: float, iters: int, threads: int):
+  """One worker of the job (TF_CONFIG set by the launcher)."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  grads = _gradients(scale)
+  num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+  if variant.startswith("ours"):
+    import replicator  # pylint: disable=g-import-not-at-top
+    options = replicator.AllReduceOptions(
+        compression=(replicator.Compression.NONE if "fp32" in variant
+                     else replicator.Compression.BF16),
+        sum_in_float32="float32 sum" in variant)
+    repl = replicator.MultiGpuReplicator(devices=["CPU:0"], all_reduce=options)
+    with repl.context():
+      variables = [tf.Variable(g) for g in grads]
+
+    def step_fn():
+      reduced = repl.all_reduce([v.read_value() for v in variables])
+      return tf.add_n([r[0] for r in reduced])
+    call = lambda: repl.run(step_fn)[0]
+  else:
+    packing = 32 * 2**20 if "32MB" in variant else 0
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=packing,
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+    with strategy.scope():
+      variables = [tf.Variable(g) for g in grads]
+
+    def replica_fn():
+      reduced = tf.distribute.get_replica_context().all_reduce(
+          tf.distribute.ReduceOp.SUM, [v.read_value() for v in variables])
+      return tf.add_n([r[0] for r in reduced])
+
+    @tf.function
+    def step():
+      return strategy.run(replica_fn)
+    call = lambda: strategy.experimental_local_results(step())[0]
+  seconds = _time_calls(call, iters)
+  # Every worker started from worker 0's values (ours syncs them; MWMS too).
+  expected = num_workers * sum(float(g[0]) for g in grads)
+  error = abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
+  print("RESULT " + json.dumps({"variant": variant, "ms": 1e3 * seconds,
+                                "relative_error": error}), flush=True)
+  if variant.startswith("ours"):
+    repl.shutdown()
+  del np
+
+
+def run_job(module: str, worker_args, workers: int):
+  """Runs `python -m module --worker ... --threads T` as `workers` local workers.
+
+  Returns the dict worker 0 printed after "RESULT ".
+  """
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  threads = max(1, (os.cpu_count() or 1) // workers)
+  out = io.StringIO()
+  code = launch.launch([sys.executable, "-m", module, *worker_args,
+                        "--threads", str(threads)], workers, out=out)
+  for line in out.getvalue().splitlines():
+    if line.startswith("[worker 0] RESULT "):
+      return json.loads(line[len("[worker 0] RESULT "):])
+  raise RuntimeError(f"{module} {worker_args} on {workers} workers failed "
+                     f"({code}):\n" + out.getvalue()[-3000:])
+
+
+def _run_job(variant, workers, scale, iters):
+  return run_job("benchmarks.allreduce", ["--worker", variant, "--scale", str(scale),
+                                          "--iters", str(iters)], workers)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--workers", default="2,4")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--scale", type=float, default=0.25)
+  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--json", default=None)
+  parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.worker:
+    worker(args.worker, args.scale, args.iters, args.threads)
+    return
+  sizes = resnet50_sizes()
+  floats = sum(max(1, int(n * args.scale)) for n in sizes)
+  variants = args.variants.split(",")
+  best = {}
+  errors = {}
+  for _ in range(args.rounds):
+    for workers in [int(w) for w in args.workers.split(",")]:
+      for variant in variants:
+        result = _run_job(variant, workers, args.scale, args.iters)
+        key = f"{variant}, {workers} workers"
+        best[key] = min(best.get(key, float("inf")), result["ms"])
+        errors[key] = result["relative_error"]
+        print(f"{key}: {result['ms']:.1f} ms", flush=True)
+  ratios = {}
+  for workers in [int(w) for w in args.workers.split(",")]:
+    ms = lambda v: best.get(f"{v}, {workers} workers")
+    base = ms("MWMS RING, bytes_per_pack=32MB")
+    fp32 = ms("MWMS RING, bytes_per_pack=0")
+    for variant in variants:
+      if variant.startswith("ours") and base:
+        ratios[f"{workers} workers: MWMS packed / {variant}"] = base / ms(variant)
+      if variant.startswith("ours") and fp32:
+        ratios[f"{workers} workers: MWMS unpacked / {variant}"] = fp32 / ms(variant)
+  result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+            "tensors": len(sizes), "floats": floats, "megabytes_fp32": 4 * floats / 1e6,
+            "ms_per_all_reduce (best of rounds)": best,
+            "relative_error_of_checksum": errors, "ratios": ratios}
+  print(json.dumps(result, indent=2))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

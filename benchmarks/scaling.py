@@ -1,0 +1,145 @@
+"""Data-parallel scaling over local worker processes: ours vs MultiWorkerMirroredStrategy.
+
+A model with ResNet-50-sized gradients (an MLP whose layers hold `--scale` x
+25.6 M parameters; 0.25 by default) trains with SGD at a fixed batch per
+worker on 1, 2, 4 ... workers, each worker with cores/W intra-op threads.
+Prints examples/s and the efficiency `examples/s(W) / (W x examples/s(1))`
+against our own 1-worker figure, ours and MWMS from the same run.
+
+  python -m benchmarks.scaling [--workers 1,2] [--rounds 2] [--json out.json]
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+
+from benchmarks import allreduce
+
+VARIANTS = ("ours", "MWMS")
+
+
+def _layers(scale):
+  """Hidden widths of an MLP on 1024 inputs with ~scale x 25.6 M parameters."""
+  width = int((scale * 25.6e6 / 4) ** 0.5)
+  return [1024, width, width, width, width, 10]
+
+
+def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+  rng = np.random.RandomState(0)
+  x = rng.randn(batch * 4, 1024).astype(np.float32)
+  y = rng.randint(0, 10, batch * 4).astype(np.int32)
+  widths = _layers(scale)
+
+  def model_vars():
+    return [tf.Variable(rng.randn(a, b).astype(np.float32) / np.sqrt(a))
+            for a, b in zip(widths[:-1], widths[1:])]
+
+  def forward(weights, xb):
+    h = xb
+    for w in weights[:-1]:
+      h = tf.nn.relu(h @ w)
+    return h @ weights[-1]
+
+  def loss_fn(weights, xb, yb):
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, forward(weights, xb)))
+
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
+  if variant == "ours":
+    import replicator  # pylint: disable=g-import-not-at-top
+    repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+    with repl.context():
+      weights = model_vars()
+      optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01))
+
+    def step_fn(b):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(weights, *b)
+      optimizer.apply(tape.gradient(loss, weights), weights)
+      return loss
+    call = lambda: repl.run(step_fn, lambda ctx: ds, steps=5)[0]
+  else:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=32 * 2**20,
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+    with strategy.scope():
+      weights = model_vars()
+      optimizer = keras.optimizers.SGD(0.01)
+      optimizer.build(weights)
+    iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
+
+    def replica_fn(b):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(weights, *b) / num_workers  # Keras sums over replicas
+      optimizer.apply(tape.gradient(loss, weights), weights)
+      return loss
+
+    @tf.function
+    def five_steps(it):
+      loss = tf.constant(0.0)
+      for _ in tf.range(5):
+        loss = strategy.reduce("SUM", strategy.run(replica_fn, (next(it),)), None)
+      return loss
+    call = lambda: five_steps(iterator)
+  call()
+  call()
+  start = time.perf_counter()
+  for _ in range(iters):
+    out = call()
+  float(out)
+  seconds = (time.perf_counter() - start) / (5 * iters)
+  print("RESULT " + json.dumps({"variant": variant,
+                                "examples_per_s": num_workers * batch / seconds}), flush=True)
+  if variant == "ours":
+    repl.shutdown()
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--workers", default="1,2")
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--iters", type=int, default=4)
+  parser.add_argument("--batch", type=int, default=64, help="examples per worker")
+  parser.add_argument("--scale", type=float, default=0.25)
+  parser.add_argument("--json", default=None)
+  parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.worker:
+    worker(args.worker, args.scale, args.batch, args.iters, args.threads)
+    return
+  counts = [int(w) for w in args.workers.split(",")]
+  best = {}
+  for _ in range(args.rounds):
+    for workers in counts:
+      for variant in VARIANTS:
+        result = allreduce.run_job(
+            "benchmarks.scaling", ["--worker", variant, "--scale", str(args.scale),
+                                   "--batch", str(args.batch), "--iters", str(args.iters)],
+            workers)
+        key = f"{variant}, {workers} workers"
+        best[key] = max(best.get(key, 0.0), result["examples_per_s"])
+        print(f"{key}: {result['examples_per_s']:.0f} examples/s", flush=True)
+  single = best[f"ours, {counts[0]} workers"] / counts[0]
+  efficiency = {key: value / (int(key.split(", ")[1].split()[0]) * single)
+                for key, value in best.items()}
+  result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+            "layers": _layers(args.scale), "batch_per_worker": args.batch,
+            "examples_per_s (best of rounds)": best,
+            "efficiency vs ours on 1 worker": efficiency}
+  print(json.dumps(result, indent=2))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

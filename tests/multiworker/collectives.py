@@ -1,0 +1,65 @@
+"""A worker of the multi-worker tests: every collective across workers, saved.
+
+  python -m replicator.launch --workers 2 --devices-per-worker 2 -- \
+      python tests/multiworker/collectives.py --out DIR
+
+Replica r (global id) contributes `value(r)`; the test compares what each
+worker got with NumPy.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf
+
+import replicator
+
+
+def value(replica: int, dtype=np.float32) -> np.ndarray:
+  """Replica `replica`'s contribution: distinct per replica, negative entries too."""
+  base = np.arange(12, dtype=np.float64).reshape(3, 4) - 5
+  return (base * (replica + 1) + 0.25 * replica).astype(dtype)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args()
+  compressed = replicator.AllReduceOptions(compression=replicator.Compression.BF16)
+  wide = replicator.AllReduceOptions(compression=replicator.Compression.BF16,
+                                     sum_in_float32=True)
+  repl = replicator.MultiGpuReplicator()
+  n = repl.num_replicas
+  table = np.stack([value(r) for r in range(n)])
+  int_table = np.stack([value(r, np.int32) for r in range(n)])
+
+  def step_fn():
+    x = tf.gather(tf.constant(table), repl.replica_id)
+    i = tf.gather(tf.constant(int_table), repl.replica_id)
+    out = {"sum": repl.all_sum(x), "mean": repl.all_mean(x), "max": repl.all_max(x),
+           "min": repl.all_min(i), "int_sum": repl.all_sum(i),
+           "gather0": repl.all_gather(x, axis=0), "gather1": repl.all_gather(i, axis=1),
+           "broadcast": repl.broadcast(x, source_replica=n - 1),
+           "replica": repl.replica_id}
+    # The compressed paths go through the gradient reduction's packing.
+    out["bf16"] = repl.all_reduce([x, 2 * x], options=compressed)
+    out["bf16_sum_in_float32"] = repl.all_reduce([x, 2 * x], options=wide)
+    return out
+
+  out = tf.nest.map_structure(lambda t: t.numpy(), repl.run(step_fn))
+  flat = {}
+  for key, leaf in out.items():
+    if isinstance(leaf, list):
+      for j, part in enumerate(leaf):
+        flat[f"{key}_{j}"] = part
+    else:
+      flat[key] = leaf
+  np.savez(os.path.join(args.out, f"worker{repl.mesh.worker_index}.npz"), **flat)
+  repl.shutdown()
+
+
+if __name__ == "__main__":
+  main()
