@@ -36,7 +36,8 @@ def _loss(model, x, y):
 
 
 def replicator_variant(devices, steps_per_call):
-  repl = replicator.MultiGpuReplicator(devices=devices)
+  repl = (replicator.MultiGpuReplicator(devices=devices) if len(devices) > 1
+          else replicator.GpuReplicator(device=devices[0]))
   x, y = _data()
   with repl.context():
     model = snt.nets.MLP([64, 10])
@@ -126,6 +127,8 @@ def main():
       "replicator, 50 steps/call": (replicator_variant(devices, 50), 50),
       "MirroredStrategy, 50 steps/call": (mirrored_variant(devices, 50), 50),
       "plain tf.function, 1 device, 50 steps/call": (plain_variant(50), 50),
+      # The loop's own cost, without a second replica's ops:
+      "replicator, 1 replica, 50 steps/call": (replicator_variant(devices[:1], 50), 50),
   }
   best = {name: float("inf") for name in variants}
   for _ in range(args.rounds):
@@ -138,6 +141,9 @@ def main():
           ms["MirroredStrategy, 1 step/call"] / ms["replicator, 1 step/call"],
       "replicator 50 steps/call / plain 50-step loop":
           ms["replicator, 50 steps/call"] / ms["plain tf.function, 1 device, 50 steps/call"],
+      "replicator 1 replica 50 steps/call / plain 50-step loop":
+          ms["replicator, 1 replica, 50 steps/call"]
+          / ms["plain tf.function, 1 device, 50 steps/call"],
       "replicator 1 step/call / replicator 50 steps/call":
           ms["replicator, 1 step/call"] / ms["replicator, 50 steps/call"],
   }
