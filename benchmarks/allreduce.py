@@ -134,7 +134,8 @@ def main():
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iters", type=int, default=10)
   parser.add_argument("--scale", type=float, default=0.25)
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--variants", default=";".join(VARIANTS),
+                      help="';'-separated names from VARIANTS")
   parser.add_argument("--json", default=None)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -144,7 +145,10 @@ def main():
     return
   sizes = resnet50_sizes()
   floats = sum(max(1, int(n * args.scale)) for n in sizes)
-  variants = args.variants.split(",")
+  variants = args.variants.split(";")
+  unknown = [v for v in variants if v not in VARIANTS]
+  if unknown:
+    raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
   best = {}
   errors = {}
   for _ in range(args.rounds):

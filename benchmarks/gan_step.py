@@ -44,7 +44,7 @@ def replicator_variant(config):
 
   def call():
     repl.run(trainer.discriminator_step, input_fn)
-    return repl.run(trainer.generator_step)["g_loss"]
+    return repl.run(trainer.generator_step)["g_loss"][0]
   return call
 
 

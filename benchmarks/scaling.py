@@ -39,7 +39,7 @@ def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
   widths = _layers(scale)
 
   def model_vars():
-    return [tf.Variable(rng.randn(a, b).astype(np.float32) / np.sqrt(a))
+    return [tf.Variable((rng.randn(a, b) / np.sqrt(a)).astype(np.float32))
             for a, b in zip(widths[:-1], widths[1:])]
 
   def forward(weights, xb):
@@ -51,10 +51,14 @@ def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
   def loss_fn(weights, xb, yb):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, forward(weights, xb)))
 
-  ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True)
+  # The replicator or strategy first: it must start the worker's server
+  # before TensorFlow runs anything.
+  make_ds = lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+      batch, drop_remainder=True)
   if variant == "ours":
     import replicator  # pylint: disable=g-import-not-at-top
     repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+    ds = make_ds()
     with repl.context():
       weights = model_vars()
       optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01))
@@ -64,12 +68,14 @@ def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
         loss = loss_fn(weights, *b)
       optimizer.apply(tape.gradient(loss, weights), weights)
       return loss
-    call = lambda: repl.run(step_fn, lambda ctx: ds, steps=5)[0]
+    input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input and step
+    call = lambda: repl.run(step_fn, input_fn, steps=5)[0]
   else:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=32 * 2**20,
             implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+    ds = make_ds()
     with strategy.scope():
       weights = model_vars()
       optimizer = keras.optimizers.SGD(0.01)

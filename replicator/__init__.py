@@ -21,6 +21,7 @@ from replicator.context import InputContext
 from replicator.context import InputExhausted
 from replicator.gpu import GpuReplicator
 from replicator.gpu import MultiGpuReplicator
+from replicator.inputs import pad_to_global_batch
 from replicator.mesh import Mesh
 from replicator.optimizers import ReplicatedOptimizer
 from replicator.tpu import TpuReplicator
@@ -45,5 +46,6 @@ __all__ = (
     "TpuReplicator",
     "WorkerLost",
     "nn",
+    "pad_to_global_batch",
     "testing",
 )

@@ -98,8 +98,11 @@ class ReplicatedOptimizer(tf.Module):
     replica = context.current()
     if replica is None:  # outside a step: a plain update of every copy
       return self._base.apply(grads, variables)
-    grads = replica_ops.all_reduce(grads, self._gradient_reduction,
-                                   self._all_reduce)
+    if replica.group.num_replicas > 1:
+      grads = replica_ops.all_reduce(grads, self._gradient_reduction,
+                                     self._all_reduce)
+    else:  # dense, as the reduction makes them: the same update on 1 or N replicas
+      grads = [tf.convert_to_tensor(g) for g in grads]
     with context.writing_locally():
       if self._accumulate_steps == 1:
         return self._update(grads, variables)

@@ -38,6 +38,8 @@ def _collective(method, value, merge_fn, grad_fn):
   flat = _flatten(value, method)
   if not flat:
     return value
+  if replica.group.num_replicas == 1:  # every collective is the identity
+    return tf.nest.pack_sequence_as(value, flat)
   name = f"{method} of {len(flat)} tensor(s)"
   merge = lambda values: merge_fn(values, replica.group)
 

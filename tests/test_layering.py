@@ -11,7 +11,7 @@ LAYERS = {
     "cluster": 1,
     "collectives": 2,
     "context": 3,
-    "variables": 4, "replica_ops": 4,
+    "variables": 4, "replica_ops": 4, "inputs": 4,
     "randomness": 5, "optimizers": 5, "steps": 5,
     "base": 6,
     "testing": 6,
