@@ -185,6 +185,7 @@ class Replicator:
           jit_compile=self._jit_compile, workers=self._workers,
           on_variables_created=self._sync_new_variables)
       self._steps[(step_fn, input_fn)] = compiled
+      self._warn_if_input_fn_is_new_each_call(step_fn, input_fn)
     try:
       completed, outputs = compiled(iterator, int(steps), args)
     except tf.errors.OpError as error:
@@ -199,6 +200,20 @@ class Replicator:
     if completed < steps:
       raise context.InputExhausted(completed, outputs if completed else None)
     return outputs
+
+  def _warn_if_input_fn_is_new_each_call(self, step_fn, input_fn):
+    """A new `input_fn` object per call restarts the data: say so, once."""
+    if input_fn is None:
+      return
+    count = sum(1 for s, i in self._steps if s is step_fn and i is not None)
+    if count == 3:
+      logging.warning(
+          "replicator: run(%s, input_fn) got a third different input_fn object. "
+          "Each new input_fn (for example a lambda written inside the training "
+          "loop) is a new input that starts from its first batch, and compiles "
+          "the step again. Define input_fn once, outside the loop, unless you "
+          "mean to restart the data (reset_input does that).",
+          getattr(step_fn, "__name__", step_fn))
 
   def _wait_for_workers(self):
     """A first collective: returns once every worker has started."""

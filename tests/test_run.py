@@ -135,3 +135,22 @@ def test_generator_step_without_input():
 
   out = repl.run(step_fn, args=(tf.constant(1.5),), steps=4)
   np.testing.assert_allclose(out.numpy(), [6.0] * 4)
+
+
+def test_a_new_input_fn_each_call_restarts_the_data_and_warns(caplog):
+  repl = catalogue.make("multi_gpu_2")
+  ds = tf.data.Dataset.range(100).batch(1)
+
+  def step_fn(batch):
+    return batch[0]
+
+  with caplog.at_level("WARNING"):
+    firsts = [repl.run(step_fn, lambda ctx: ds).numpy().tolist() for _ in range(3)]
+  assert firsts == [[0, 1]] * 3  # each lambda is a new input, from its first batch
+  assert "third different input_fn" in caplog.text
+  caplog.clear()
+  input_fn = lambda ctx: ds
+  with caplog.at_level("WARNING"):
+    seen = [repl.run(step_fn, input_fn).numpy().tolist() for _ in range(3)]
+  assert seen == [[0, 1], [2, 3], [4, 5]]
+  assert "input_fn" not in caplog.text
