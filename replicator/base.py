@@ -53,9 +53,9 @@ class Replicator:
       self._workers = cluster.CollectiveKeys(mesh.num_workers, mesh.worker_index,
                                              timeout_s=0)
       self._placement = tuple(cluster.device_name(mesh.worker_index, d)
-                              for d in (placement or mesh.devices))
+                              for d in (placement or mesh.local_devices))
     else:
-      self._placement = tuple(f"/device:{d}" for d in (placement or mesh.devices))
+      self._placement = tuple(f"/device:{d}" for d in (placement or mesh.local_devices))
     self._synced_variables = 0
     self._consumed = {}  # input key -> steps taken from it since its start
     self._skip = {}  # input key -> steps to skip when it starts (restored)
@@ -94,7 +94,7 @@ class Replicator:
 
   def __repr__(self):
     return (f"{type(self).__name__}(num_replicas={self.num_replicas}, "
-            f"devices={list(self._mesh.devices)})")
+            f"devices={list(self._mesh.local_devices)})")
 
   @contextlib.contextmanager
   def context(self):

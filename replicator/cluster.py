@@ -14,13 +14,14 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.core.protobuf import tensorflow_server_pb2
 from tensorflow.python.eager import context as eager_context
 
+from replicator import mesh as mesh_lib
 from replicator.mesh import Mesh
 
-_JOB = "worker"
+_JOB = mesh_lib.JOB
 
 
 def device_name(worker_index: int, local_device: str) -> str:
-  return f"/job:{_JOB}/replica:0/task:{worker_index}/device:{local_device}"
+  return mesh_lib.worker_device(worker_index, local_device)
 
 
 _connected = None

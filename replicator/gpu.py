@@ -31,7 +31,7 @@ class GpuReplicator(base.Replicator):
           "GpuReplicator on each would train independent models. Use "
           "MultiGpuReplicator(), which spans the workers in TF_CONFIG, or unset "
           "TF_CONFIG.")
-    mesh = Mesh(devices=[device]) if device else Mesh(devices=Mesh.local().devices[:1])
+    mesh = Mesh(devices=[device]) if device else Mesh(devices=Mesh.local().local_devices[:1])
     mesh.validate_local()
     super().__init__(mesh)
 

@@ -37,47 +37,75 @@ def _local_devices(device_type: Optional[str]) -> Tuple[str, ...]:
   raise ValueError(f"device_type: no local device of type {device_type!r}.")
 
 
-@dataclasses.dataclass(frozen=True)
+JOB = "worker"  # the job name of every worker in the cluster
+
+
+def worker_device(worker_index: int, local_device: str) -> str:
+  """The full name of `local_device` ('CPU:1') on worker `worker_index`."""
+  return f"/job:{JOB}/replica:0/task:{worker_index}/device:{local_device}"
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class Mesh:
   """The replicas of a job: `num_workers` processes of `devices_per_worker` each.
 
-  Replica `r` lives on worker `r // devices_per_worker` and on that worker's
-  device `devices[r % devices_per_worker]`: the global replica id orders
-  replicas worker by worker. A `Mesh` is a value: hashable, comparable, and
-  free of any handle on the runtime.
+  Replica `r` lives on worker `r // devices_per_worker`, on that worker's
+  device `local_devices[r % devices_per_worker]`: the global replica id orders
+  replicas worker by worker, and `devices[r]` names its device. A `Mesh` is a
+  value: hashable, comparable, and free of any handle on the runtime.
+
+  Args:
+    devices: the devices of one worker (every worker has the same ones), e.g.
+      `["/gpu:0", "/gpu:1"]`.
+    num_workers, worker_index, worker_addresses: the job's workers and this
+      process's place among them (see `from_cluster`).
 
   >>> mesh = Mesh(devices=["/cpu:0"])
   >>> mesh.num_replicas, mesh.is_chief
   (1, True)
   """
 
-  devices: Tuple[str, ...]
-  num_workers: int = 1
-  worker_index: int = 0
-  worker_addresses: Tuple[str, ...] = ()
+  local_devices: Tuple[str, ...]
+  num_workers: int
+  worker_index: int
+  worker_addresses: Tuple[str, ...]
 
-  def __post_init__(self):
-    if isinstance(self.devices, str) or not isinstance(self.devices, Sequence):
+  def __init__(self, devices: Sequence[str], num_workers: int = 1,
+               worker_index: int = 0, worker_addresses: Sequence[str] = ()):
+    if isinstance(devices, str) or not isinstance(devices, Sequence):
       raise ValueError(
-          f"devices: expected a list of device names, got {self.devices!r}.")
-    if not self.devices:
+          f"devices: expected a list of device names, got {devices!r}.")
+    if not devices:
       raise ValueError("devices: the list is empty; give at least one device.")
-    names = tuple(canonical_device(d) for d in self.devices)
+    names = tuple(canonical_device(d) for d in devices)
     seen = set()
-    for given, name in zip(self.devices, names):
+    for given, name in zip(devices, names):
       if name in seen:
         raise ValueError(
             f"devices: {given!r} appears twice; each replica needs its own "
             "device.")
       seen.add(name)
-    if self.num_workers < 1:
-      raise ValueError(f"num_workers: must be >= 1, got {self.num_workers}.")
-    if not 0 <= self.worker_index < self.num_workers:
+    if num_workers < 1:
+      raise ValueError(f"num_workers: must be >= 1, got {num_workers}.")
+    if not 0 <= worker_index < num_workers:
       raise ValueError(
-          f"worker_index: must be in [0, {self.num_workers}), got "
-          f"{self.worker_index}.")
-    object.__setattr__(self, "devices", names)
-    object.__setattr__(self, "worker_addresses", tuple(self.worker_addresses))
+          f"worker_index: must be in [0, {num_workers}), got {worker_index}.")
+    object.__setattr__(self, "local_devices", names)
+    object.__setattr__(self, "num_workers", num_workers)
+    object.__setattr__(self, "worker_index", worker_index)
+    object.__setattr__(self, "worker_addresses", tuple(worker_addresses))
+
+  @property
+  def devices(self) -> Tuple[str, ...]:
+    """Every replica's device, indexed by global replica id.
+
+    On one worker these are the local names ('CPU:0'); on several, full names
+    ('/job:worker/replica:0/task:1/device:GPU:0').
+    """
+    if self.num_workers == 1:
+      return self.local_devices
+    return tuple(worker_device(w, d) for w in range(self.num_workers)
+                 for d in self.local_devices)
 
   @classmethod
   def local(cls, device_type: Optional[str] = None) -> "Mesh":
@@ -122,7 +150,7 @@ class Mesh:
   def validate_local(self) -> None:
     """Raises `ValueError` naming the first device this process does not have."""
     known = {canonical_device(d.name) for d in tf.config.list_logical_devices()}
-    for name in self.devices:
+    for name in self.local_devices:
       if name not in known:
         raise ValueError(
             f"devices: {name!r} is not a device of this process; it has "
@@ -132,7 +160,7 @@ class Mesh:
 
   @property
   def devices_per_worker(self) -> int:
-    return len(self.devices)
+    return len(self.local_devices)
 
   @property
   def num_replicas(self) -> int:
@@ -148,7 +176,7 @@ class Mesh:
     return self.worker_index == 0
 
   def device_type(self) -> str:
-    return self.devices[0].split(":")[0]
+    return self.local_devices[0].split(":")[0]
 
 
 def worker_index_in_tf_config() -> int:

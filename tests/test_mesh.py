@@ -33,6 +33,11 @@ def test_from_tf_config_with_a_chief():
   assert mesh.num_workers == 3 and mesh.worker_index == 2 and not mesh.is_chief
   assert mesh.local_replica_ids == (4, 5) and mesh.num_replicas == 6
   assert mesh.worker_addresses[0] == "10.0.0.1:1"
+  # devices[r] is global replica r's device; local_devices this worker's own.
+  assert mesh.local_devices == ("CPU:0", "CPU:1")
+  assert len(mesh.devices) == 6
+  assert mesh.devices[5] == "/job:worker/replica:0/task:2/device:CPU:1"
+  assert mesh.devices[0] == "/job:worker/replica:0/task:0/device:CPU:0"
 
 
 def test_from_a_cluster_resolver_such_as_slurm():
