@@ -14,12 +14,10 @@ ratios to MWMS. Each worker gets cores/W intra-op threads.
 """
 
 import argparse
-import io
 import json
 import os
-import platform
-import sys
-import time
+
+from benchmarks import common
 
 VARIANTS = ("ours fp32 packed", "ours bf16", "ours bf16, float32 sum",
             "MWMS RING, bytes_per_pack=0", "MWMS RING, bytes_per_pack=32MB")
@@ -43,16 +41,6 @@ def _gradients(scale):
   rng = np.random.RandomState(0)
   return [rng.randn(max(1, int(n * scale))).astype(np.float32)
           for n in resnet50_sizes()]
-
-
-def _time_calls(call, iters):
-  call()  # trace, compile, and first rendezvous
-  call()
-  start = time.perf_counter()
-  for _ in range(iters):
-    out = call()
-  float(out)
-  return (time.perf_counter() - start) / iters
 
 
 def worker(variant: str, scale: float, iters: int, threads: int):
@@ -95,7 +83,7 @@ def worker(variant: str, scale: float, iters: int, threads: int):
     def step():
       return strategy.run(replica_fn)
     call = lambda: strategy.experimental_local_results(step())[0]
-  seconds = _time_calls(call, iters)
+  seconds = common.seconds_per_call(call, iters, warmup=2)  # trace, first rendezvous
   # Every worker started from worker 0's values (ours syncs them; MWMS too).
   expected = num_workers * sum(float(g[0]) for g in grads)
   error = abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
@@ -106,25 +94,8 @@ def worker(variant: str, scale: float, iters: int, threads: int):
   del np
 
 
-def run_job(module: str, worker_args, workers: int):
-  """Runs `python -m module --worker ... --threads T` as `workers` local workers.
-
-  Returns the dict worker 0 printed after "RESULT ".
-  """
-  from replicator import launch  # pylint: disable=g-import-not-at-top
-  threads = max(1, (os.cpu_count() or 1) // workers)
-  out = io.StringIO()
-  code = launch.launch([sys.executable, "-m", module, *worker_args,
-                        "--threads", str(threads)], workers, out=out)
-  for line in out.getvalue().splitlines():
-    if line.startswith("[worker 0] RESULT "):
-      return json.loads(line[len("[worker 0] RESULT "):])
-  raise RuntimeError(f"{module} {worker_args} on {workers} workers failed "
-                     f"({code}):\n" + out.getvalue()[-3000:])
-
-
 def _run_job(variant, workers, scale, iters):
-  return run_job("benchmarks.allreduce", ["--worker", variant, "--scale", str(scale),
+  return common.run_job("benchmarks.allreduce", ["--worker", variant, "--scale", str(scale),
                                           "--iters", str(iters)], workers)
 
 
@@ -169,14 +140,11 @@ def main():
         ratios[f"{workers} workers: MWMS packed / {variant}"] = base / ms(variant)
       if variant.startswith("ours") and fp32:
         ratios[f"{workers} workers: MWMS unpacked / {variant}"] = fp32 / ms(variant)
-  result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+  result = {"machine": common.machine(),
             "tensors": len(sizes), "floats": floats, "megabytes_fp32": 4 * floats / 1e6,
             "ms_per_all_reduce (best of rounds)": best,
             "relative_error_of_checksum": errors, "ratios": ratios}
-  print(json.dumps(result, indent=2))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=2)
+  common.write_result(result, args.json)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ same run (the floor: ours adds the pointer file and the input positions).
 """
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -22,6 +21,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
+from benchmarks import common
 
 
 def build(repl, sizes):
@@ -84,7 +84,7 @@ def main():
     plain_restore_s = min(plain_restore_s, time.perf_counter() - start)
   same = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(params, restored))
   result = {
-      "machine": f"{os.uname().nodename} ({os.cpu_count()} cores)",
+      "machine": common.machine(),
       "tensors": args.tensors, "parameters": int(sum(sizes)),
       "checkpoint_MB": round(nbytes / 2**20, 1),
       "save_s": round(save_s, 3), "restore_s (on 1 replica)": round(restore_s, 3),
@@ -95,10 +95,7 @@ def main():
       "plain tf.train.Checkpoint read_s": round(plain_restore_s, 3),
       "ratios": {"save: ours / plain": save_s / plain_save_s,
                  "restore: ours / plain": restore_s / plain_restore_s}}
-  print(json.dumps(result, indent=2))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=2)
+  common.write_result(result, args.json)
 
 
 if __name__ == "__main__":

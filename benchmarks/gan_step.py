@@ -10,10 +10,7 @@ rounds; prints ms per D+G step and the ratio.
 """
 
 import argparse
-import json
 import os
-import platform
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -22,6 +19,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
+from benchmarks import common
 from examples.gan import configs
 from examples.gan import losses
 from examples.gan import models
@@ -93,15 +91,6 @@ def plain_variant(config):
   return call
 
 
-def _time(fn, calls):
-  fn()
-  start = time.perf_counter()
-  for _ in range(calls):
-    out = fn()
-  float(out)
-  return (time.perf_counter() - start) / calls
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--batch", type=int, default=64)
@@ -117,16 +106,13 @@ def main():
   best = {name: float("inf") for name in variants}
   for _ in range(args.rounds):
     for name, fn in variants.items():
-      best[name] = min(best[name], _time(fn, args.calls))
+      best[name] = min(best[name], common.seconds_per_call(fn, args.calls))
   ms = {name: 1e3 * s for name, s in best.items()}
-  result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+  result = {"machine": common.machine(),
             "tensorflow": tf.__version__, "config": "small", "batch": args.batch,
             "ms_per_D+G_step (best of rounds)": ms,
             "ratios": {"GpuReplicator / plain": ms["GpuReplicator"] / ms["plain tf.function"]}}
-  print(json.dumps(result, indent=2))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=2)
+  common.write_result(result, args.json)
 
 
 if __name__ == "__main__":

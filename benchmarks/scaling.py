@@ -12,10 +12,8 @@ against our own 1-worker figure, ours and MWMS from the same run.
 import argparse
 import json
 import os
-import platform
-import time
 
-from benchmarks import allreduce
+from benchmarks import common
 
 VARIANTS = ("ours", "MWMS")
 
@@ -95,13 +93,7 @@ def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
         loss = strategy.reduce("SUM", strategy.run(replica_fn, (next(it),)), None)
       return loss
     call = lambda: five_steps(iterator)
-  call()
-  call()
-  start = time.perf_counter()
-  for _ in range(iters):
-    out = call()
-  float(out)
-  seconds = (time.perf_counter() - start) / (5 * iters)
+  seconds = common.seconds_per_call(call, iters, warmup=2) / 5  # 5 steps a call
   print("RESULT " + json.dumps({"variant": variant,
                                 "examples_per_s": num_workers * batch / seconds}), flush=True)
   if variant == "ours":
@@ -127,7 +119,7 @@ def main():
   for _ in range(args.rounds):
     for workers in counts:
       for variant in VARIANTS:
-        result = allreduce.run_job(
+        result = common.run_job(
             "benchmarks.scaling", ["--worker", variant, "--scale", str(args.scale),
                                    "--batch", str(args.batch), "--iters", str(args.iters)],
             workers)
@@ -137,14 +129,11 @@ def main():
   single = best[f"ours, {counts[0]} workers"] / counts[0]
   efficiency = {key: value / (int(key.split(", ")[1].split()[0]) * single)
                 for key, value in best.items()}
-  result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+  result = {"machine": common.machine(),
             "layers": _layers(args.scale), "batch_per_worker": args.batch,
             "examples_per_s (best of rounds)": best,
             "efficiency vs ours on 1 worker": efficiency}
-  print(json.dumps(result, indent=2))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=2)
+  common.write_result(result, args.json)
 
 
 if __name__ == "__main__":

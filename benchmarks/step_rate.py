@@ -7,10 +7,7 @@ and the ratios (absolute times on a shared machine are noise; ratios less so).
 """
 
 import argparse
-import json
 import os
-import platform
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -20,6 +17,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
+from benchmarks import common
 
 GLOBAL_BATCH = 64
 
@@ -103,15 +101,6 @@ def plain_variant(steps_per_call):
   return lambda: call(iterator)
 
 
-def _time(fn, calls):
-  fn()
-  start = time.perf_counter()
-  for _ in range(calls):
-    out = fn()
-  np.asarray(out)
-  return time.perf_counter() - start
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--replicas", type=int, default=2)
@@ -133,8 +122,8 @@ def main():
   best = {name: float("inf") for name in variants}
   for _ in range(args.rounds):
     for name, (fn, per_call) in variants.items():
-      seconds = _time(fn, max(1, args.steps // per_call))
-      best[name] = min(best[name], seconds / (max(1, args.steps // per_call) * per_call))
+      seconds = common.seconds_per_call(fn, max(1, args.steps // per_call))
+      best[name] = min(best[name], seconds / per_call)
   ms = {name: 1e3 * s for name, s in best.items()}
   ratios = {
       "MirroredStrategy / replicator, 1 step/call":
@@ -147,13 +136,10 @@ def main():
       "replicator 1 step/call / replicator 50 steps/call":
           ms["replicator, 1 step/call"] / ms["replicator, 50 steps/call"],
   }
-  result = {"machine": f"{platform.node()} ({os.cpu_count()} cores)",
+  result = {"machine": common.machine(),
             "tensorflow": tf.__version__, "replicas": args.replicas,
             "ms_per_step (best of rounds)": ms, "ratios": ratios}
-  print(json.dumps(result, indent=2))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=2)
+  common.write_result(result, args.json)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""What every benchmark shares: timing, the machine's name, writing results, workers."""
+
+import io
+import json
+import os
+import platform
+import sys
+import time
+
+
+def machine() -> str:
+  return f"{platform.node()} ({os.cpu_count()} cores)"
+
+
+def seconds_per_call(fn, calls: int, warmup: int = 1) -> float:
+  """Mean seconds of `calls` calls of `fn`, after `warmup` untimed ones.
+
+  The last output is fetched to the host before the clock stops.
+  """
+  for _ in range(warmup):
+    fn()
+  start = time.perf_counter()
+  for _ in range(calls):
+    out = fn()
+  getattr(out, "numpy", lambda: out)()
+  return (time.perf_counter() - start) / calls
+
+
+def write_result(result: dict, json_path=None) -> None:
+  """Prints `result` as JSON, and writes it to `json_path` when one is given."""
+  print(json.dumps(result, indent=2))
+  if json_path:
+    with open(json_path, "w") as f:
+      json.dump(result, f, indent=2)
+
+
+def run_job(module: str, worker_args, workers: int) -> dict:
+  """Runs `python -m module WORKER_ARGS --threads T` as `workers` local workers.
+
+  Each worker gets cores / workers intra-op threads. Returns the dict worker 0
+  printed after "RESULT ".
+  """
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  threads = max(1, (os.cpu_count() or 1) // workers)
+  out = io.StringIO()
+  code = launch.launch([sys.executable, "-m", module, *worker_args,
+                        "--threads", str(threads)], workers, out=out)
+  for line in out.getvalue().splitlines():
+    if line.startswith("[worker 0] RESULT "):
+      return json.loads(line[len("[worker 0] RESULT "):])
+  raise RuntimeError(f"{module} {worker_args} on {workers} workers failed "
+                     f"({code}):\n" + out.getvalue()[-3000:])
