@@ -65,8 +65,11 @@ class CompiledStep:
     self._output_spec = None
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
-    self._replicated_step = tf.function(self._trace_step, autograph=False,
-                                        jit_compile=jit_compile)
+    # XLA compiles the replicas' step as a function of its own; otherwise it
+    # is traced inline, which saves a function call per step inside the loop.
+    self._replicated_step = (
+        tf.function(self._trace_step, autograph=False, jit_compile=True)
+        if jit_compile else self._trace_step)
 
   @property
   def element_spec(self):
@@ -145,41 +148,71 @@ class CompiledStep:
         lambda spec: tf.TensorShape([n]).concatenate(spec.shape),
         self._output_spec)
 
-  def _body(self, iterator, args):
-    """One loop iteration: `(i, done, outputs) -> (i', done', outputs')`."""
-    n = len(self._devices)
+  def _fetch(self, iterator):
+    """Takes one element per local replica: `(optionals, ready)`.
 
-    def body(i, done, outputs):
-      if iterator is None:
-        return i + 1, done, self._replicated_step([None] * n, args)
-      optionals = [iterator.get_next_as_optional() for _ in range(n)]
-      ready = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
-      if self._workers is not None:  # a step runs only if every worker has data
-        with tf.device(self._devices[0]):
-          ready = collectives.across_workers(
-              tf.cast(ready, tf.int32), "Min", self._workers) > 0
-
-      def step():
-        batches = [(o.get_value(),) for o in optionals]
-        return i + 1, tf.constant(False), self._replicated_step(batches, args)
-
-      return tf.cond(ready, step, lambda: (i, tf.constant(True), outputs))
-    return body
-
-  def _start(self):
-    return tf.constant(0, tf.int64), tf.constant(False), self._initial_outputs()
+    `ready` is true when every replica, on every worker, got a batch.
+    """
+    optionals = [iterator.get_next_as_optional() for _ in self._devices]
+    ready = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
+    if self._workers is not None:  # a step runs only if every worker has data
+      with tf.device(self._devices[0]):
+        ready = collectives.across_workers(
+            tf.cast(ready, tf.int32), "Min", self._workers) > 0
+    return optionals, ready
 
   def _trace_single(self, iterator, args):
-    completed, _, outputs = self._body(iterator, args)(*self._start())
+    n = len(self._devices)
+    no_outputs = self._initial_outputs()
+    if iterator is None:
+      outputs = self._replicated_step([None] * n, args)
+      completed = tf.constant(1, tf.int64)
+    else:
+      optionals, ready = self._fetch(iterator)
+      completed, outputs = tf.cond(
+          ready,
+          lambda: (tf.constant(1, tf.int64), self._replicated_step(
+              [(o.get_value(),) for o in optionals], args)),
+          lambda: (tf.constant(0, tf.int64), no_outputs))
     self._check_variables(tf.compat.v1.get_default_graph())
     return completed, outputs
 
   def _trace_loop(self, iterator, steps, args):
-    completed, _, outputs = tf.while_loop(
-        lambda i, done, _: tf.logical_and(i < steps, tf.logical_not(done)),
-        self._body(iterator, args), self._start(),
-        shape_invariants=(tf.TensorShape([]), tf.TensorShape([]),
-                          self._invariants()))
+    """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
+
+    The next step's batches are fetched at the end of each iteration and
+    carried into the next as optionals, so the loop condition sees whether they
+    arrived and the step itself runs without a `cond` around it (a `cond`
+    would switch every variable the step touches, on every replica, per step).
+    They are fetched only if a next step is due, so no element is lost.
+    """
+    n = len(self._devices)
+    zero = tf.constant(0, tf.int64)
+    invariants = self._invariants()
+    if iterator is None:
+      completed, outputs = tf.while_loop(
+          lambda i, _: i < steps,
+          lambda i, _: (i + 1, self._replicated_step([None] * n, args)),
+          (zero, self._initial_outputs()),
+          shape_invariants=(tf.TensorShape([]), invariants))
+    else:
+      empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
+
+      def fetch_if_due(i):
+        return tf.cond(i < steps, lambda: self._fetch(iterator),
+                       lambda: (empty, tf.constant(False)))
+
+      def body(i, optionals, unused_ready, unused_outputs):
+        outputs = self._replicated_step([(o.get_value(),) for o in optionals], args)
+        optionals, ready = fetch_if_due(i + 1)
+        return i + 1, optionals, ready, outputs
+
+      optionals, ready = self._fetch(iterator)
+      completed, _, _, outputs = tf.while_loop(
+          lambda i, optionals, ready, outputs: ready, body,
+          (zero, optionals, ready, self._initial_outputs()),
+          shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
+                            tf.TensorShape([]), invariants))
     self._check_variables(tf.compat.v1.get_default_graph())
     return completed, outputs
 

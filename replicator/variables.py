@@ -20,6 +20,7 @@ from replicator import collectives
 from replicator import context
 
 _Aggregation = tf.VariableAggregation
+_ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
 
 # Every per-replica copy made here; a step may only touch variables in it.
 _components = weakref.WeakValueDictionary()
@@ -187,6 +188,77 @@ class ReplicatedVariable(tf.Variable):
 
   def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
     return self._update("assign_sub", delta, read_value=read_value)
+
+  # Sparse writes. Inside a step every replica applies the rows written by
+  # all replicas, in replica-id order, so the copies stay identical: a row
+  # written by several replicas ends with the last one's value (update), the
+  # sum of all deltas (add/sub; divided by the replica count for a MEAN
+  # variable, as a dense assign_add is averaged), or their max/min/product.
+  # Integer and ONLY_FIRST_REPLICA variables take replica 0's rows alone.
+  def _scatter(self, method: str, sparse_delta, **kwargs):
+    if not isinstance(sparse_delta, tf.IndexedSlices):
+      raise TypeError(
+          f"sparse_delta: {method} of {self.name!r} expects a tf.IndexedSlices, "
+          f"got {type(sparse_delta).__name__}.")
+    replica = context.current()
+    if replica is None:
+      ops = [getattr(v, method)(sparse_delta, **kwargs) for v in self._vars]
+      return ops[0]
+    if not context.local_writes() and replica.group.num_replicas > 1:
+      rows, values = self._gather_rows(
+          replica, method, sparse_delta.indices,
+          tf.convert_to_tensor(sparse_delta.values, self.dtype))
+      if self._reduce_op is collectives.ReduceOp.MEAN and method in _ADDITIVE:
+        values = values / tf.cast(replica.group.num_replicas, values.dtype)
+      sparse_delta = tf.IndexedSlices(values, rows, sparse_delta.dense_shape)
+    return getattr(self._vars[replica.index], method)(sparse_delta, **kwargs)
+
+  def _scatter_nd(self, method: str, indices, updates):
+    replica = context.current()
+    if replica is None:
+      return tf.group([getattr(v, method)(indices, updates) for v in self._vars])
+    if not context.local_writes() and replica.group.num_replicas > 1:
+      indices, updates = self._gather_rows(
+          replica, method, tf.convert_to_tensor(indices),
+          tf.convert_to_tensor(updates, self.dtype))
+      if self._reduce_op is collectives.ReduceOp.MEAN and method in _ADDITIVE:
+        updates = updates / tf.cast(replica.group.num_replicas, updates.dtype)
+    return getattr(self._vars[replica.index], method)(indices, updates)
+
+  def _gather_rows(self, replica, method, indices, values):
+    """Every replica's `(indices, values)`, concatenated in replica order."""
+    group = replica.group
+    if self._reduce_op is None:
+      merge = lambda parts: collectives.broadcast(
+          parts, 0, group.devices, group.num_replicas, group.first_replica_id,
+          group.workers)
+    else:
+      merge = lambda parts: collectives.all_gather(parts, 0, group.devices,
+                                                   group.workers)
+    rows, values = replica.collective(
+        f"a {method} of variable {self.name}", [indices, values], merge)
+    return rows, values
+
+  def _sparse_write(method, nd=False):  # pylint: disable=no-self-argument
+    if nd:
+      def write(self, indices, updates, name=None):
+        return self._scatter_nd(method, indices, updates)  # pylint: disable=protected-access
+    else:
+      def write(self, sparse_delta, use_locking=False, name=None):
+        return self._scatter(method, sparse_delta)  # pylint: disable=protected-access
+    write.__name__ = method
+    return write
+
+  scatter_sub = _sparse_write("scatter_sub")
+  scatter_add = _sparse_write("scatter_add")
+  scatter_max = _sparse_write("scatter_max")
+  scatter_min = _sparse_write("scatter_min")
+  scatter_mul = _sparse_write("scatter_mul")
+  scatter_div = _sparse_write("scatter_div")
+  scatter_update = _sparse_write("scatter_update")
+  scatter_nd_sub = _sparse_write("scatter_nd_sub", nd=True)
+  scatter_nd_add = _sparse_write("scatter_nd_add", nd=True)
+  scatter_nd_update = _sparse_write("scatter_nd_update", nd=True)
 
   # Checkpoints hold one copy; restoring writes every copy.
   def _serialize_to_tensors(self):

@@ -108,3 +108,48 @@ def test_random_draws_differ_between_replicas_and_repeat_with_the_seed(name):
         assert not np.allclose(values[a], values[b]), (key, a, b)
     if key in reproducible:
       np.testing.assert_array_equal(values, second[key])
+
+
+@pytest.mark.parametrize("name", list(catalogue.REPLICATORS))
+def test_sparse_writes_apply_every_replicas_rows_on_every_copy(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  with repl.context():
+    bank = tf.Variable(tf.zeros([2 * n, 3]))  # a memory bank: MEAN, the default
+    histogram = tf.Variable(tf.zeros([4]), aggregation=tf.VariableAggregation.SUM)
+    peak = tf.Variable(tf.zeros([4]))
+    seen = tf.Variable(tf.zeros([4], tf.int32))
+    grid = tf.Variable(tf.zeros([n, 2]))
+
+  def step_fn():
+    r = repl.replica_id
+    rf = tf.cast(r, tf.float32)
+    bank.scatter_update(tf.IndexedSlices(tf.fill([2, 3], rf + 1), tf.stack([2 * r, 2 * r + 1])))
+    bank.scatter_add(tf.IndexedSlices(tf.fill([1, 3], rf + 1), tf.constant([0])))
+    histogram.scatter_add(tf.IndexedSlices(tf.fill([2], rf + 1), tf.constant([0, 3])))
+    peak.scatter_max(tf.IndexedSlices(tf.reshape(rf, [1]), tf.reshape(r % 4, [1])))
+    seen.scatter_add(tf.IndexedSlices(tf.reshape(r + 1, [1]), tf.constant([1])))
+    grid.scatter_nd_update(tf.reshape(tf.stack([r, 1]), [1, 2]), tf.reshape(rf + 5, [1]))
+    return bank.read_value()
+
+  out = repl.run(step_fn)
+  ids = np.arange(n)
+  want_bank = np.repeat(ids + 1.0, 2)[:, None] * np.ones([1, 3])
+  want_bank[0] += np.mean(ids + 1.0)  # a MEAN variable adds the mean delta
+  want_peak = np.zeros(4)
+  for r in ids:
+    want_peak[r % 4] = max(want_peak[r % 4], r)
+  want_grid = np.stack([np.zeros(n), ids + 5.0], axis=1)
+  np.testing.assert_allclose(out.numpy(), np.stack([want_bank] * n), rtol=1e-6)
+  for copies, want in [(bank, want_bank), (peak, want_peak), (grid, want_grid),
+                       (histogram, [np.sum(ids + 1.0), 0, 0, np.sum(ids + 1.0)]),
+                       (seen, [0, 1, 0, 0])]:  # integers: replica 0's rows alone
+    for copy in copies.replicas:
+      np.testing.assert_allclose(copy.numpy(), want, rtol=1e-6, err_msg=copies.name)
+  repl.assert_replicas_in_sync([bank, histogram, peak, seen, grid])
+
+  bank.scatter_update(tf.IndexedSlices(tf.fill([1, 3], -1.0), tf.constant([1])))
+  for copy in bank.replicas:  # outside a step: every copy
+    np.testing.assert_array_equal(copy.numpy()[1], [-1.0] * 3)
+  with pytest.raises(TypeError, match="sparse_delta.*IndexedSlices"):
+    bank.scatter_add(tf.ones([2, 3]))
