@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 
 COMMANDS = {
-    "step_rate": "python -m benchmarks.step_rate --replicas 2 --rounds 5",
+    "step_rate": "python -m benchmarks.step_rate --replicas 2 --rounds 10",
     "allreduce": "python -m benchmarks.allreduce --workers 2,4 --rounds 2",
     "scaling": "python -m benchmarks.scaling --workers 1,2 --rounds 3 --iters 10",
     "gan_step": "python -m benchmarks.gan_step --batch 64 --rounds 5",
