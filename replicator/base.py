@@ -178,6 +178,7 @@ class Replicator:
     self._sync_new_variables()
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
+      randomness.install()  # Keras may have been imported since the constructor
       compiled = steps_lib.CompiledStep(
           step_fn, element_spec, devices=self._placement,
           first_replica_id=self._mesh.local_replica_ids[0],

@@ -2,9 +2,13 @@
 
 Stateful `tf.random` ops take their seed from `random_seed.get_seed`; inside a
 step we fold the replica id into the op seed, so replicas tracing the same code
-with the same seeds still draw different, reproducible streams.
+with the same seeds still draw different, reproducible streams. Keras 3 random
+ops (`Dropout`, `keras.random.*`, random augmentation layers) are stateless ops
+seeded by a `SeedGenerator` whose state is a replicated variable, identical on
+every replica; the replica id is folded into each seed they draw the same way.
 """
 
+import sys
 from typing import Sequence
 
 import tensorflow as tf
@@ -25,9 +29,35 @@ def _get_seed(op_seed):
   return graph_seed, op_seed
 
 
+def _fold_replica_into_keras_seed(draw_seed):
+  def replica_draw_seed(seed):
+    value = draw_seed(seed)
+    replica = context.current()
+    if replica is None or not replica.replica_id:
+      return value
+    fold = (_GOLDEN * replica.replica_id) % (2**31 - 1)
+    return value + tf.constant([fold, 0], value.dtype)
+  replica_draw_seed.replicator_original = draw_seed
+  return replica_draw_seed
+
+
+# Keras' TensorFlow backend modules that draw seeds for stateless random ops.
+_KERAS_SEEDED_MODULES = ("keras.src.backend.tensorflow.random",
+                         "keras.src.backend.tensorflow.image")
+
+
 def install():
-  """Routes `tf.random` seeding through `_get_seed` (idempotent)."""
+  """Routes `tf.random` and Keras seeding through the replica id (idempotent).
+
+  Keras is patched only if it is already imported (the library never imports
+  it); `Replicator.run` calls this again before it compiles a new step.
+  """
   random_seed.get_seed = _get_seed
+  for name in _KERAS_SEEDED_MODULES:
+    module = sys.modules.get(name)
+    draw_seed = getattr(module, "draw_seed", None)
+    if draw_seed is not None and not hasattr(draw_seed, "replicator_original"):
+      module.draw_seed = _fold_replica_into_keras_seed(draw_seed)
 
 
 class ReplicaGenerator:

@@ -153,3 +153,29 @@ def test_sparse_writes_apply_every_replicas_rows_on_every_copy(name):
     np.testing.assert_array_equal(copy.numpy()[1], [-1.0] * 3)
   with pytest.raises(TypeError, match="sparse_delta.*IndexedSlices"):
     bank.scatter_add(tf.ones([2, 3]))
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_keras_random_layers_draw_differently_per_replica_and_reproducibly(name):
+  keras = pytest.importorskip("keras")
+
+  def draw():
+    repl = catalogue.make(name)
+    with repl.context():
+      dropout = keras.layers.Dropout(0.5, seed=11)
+      noise = keras.random.SeedGenerator(3)
+
+    def step_fn():
+      return {"dropout": dropout(tf.ones([64]), training=True),
+              "normal": keras.random.normal([16], seed=noise),
+              "int_seed": keras.random.uniform([16], seed=5)}
+    out = {k: v.numpy() for k, v in repl.run(step_fn, steps=2).items()}
+    repl.assert_replicas_in_sync([noise.state.value])
+    return out
+
+  first, second = draw(), draw()
+  for key, values in first.items():
+    for a in range(len(values)):
+      for b in range(a + 1, len(values)):
+        assert not np.array_equal(values[a], values[b]), (key, a, b)
+    np.testing.assert_array_equal(values, second[key])
