@@ -335,6 +335,9 @@ class Replicator:
   def assert_replicas_in_sync(self, variables_to_check):
     """Raises `ReplicasDiverged` naming the first variable whose copies differ."""
     for variable in tf.nest.flatten(variables_to_check):
+      inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
+      if isinstance(inner, variables.ReplicatedVariable):
+        variable = inner
       if not isinstance(variable, variables.ReplicatedVariable):
         raise TypeError(
             f"variables: {getattr(variable, 'name', variable)!r} is not a "

@@ -64,6 +64,14 @@ class ReplicatedOptimizer(tf.Module):
     """The wrapped optimizer."""
     return self._base
 
+  @property
+  def variables(self):
+    """The base optimizer's variables (slots, step count), then the accumulators."""
+    own = list(self._accumulators or [])
+    if self._accumulated is not None:
+      own.append(self._accumulated)
+    return tuple(self._base.variables) + tuple(own)
+
   def __getattr__(self, name):
     if name.startswith("__") or name == "_base":
       raise AttributeError(name)

@@ -77,3 +77,49 @@ def test_training_matches_one_device(replicator_name, optimizer_name):
     for copy in var.replicas:
       assert catalogue.norm_relative(copy.numpy(), want) < 1e-5, var.name
   repl.assert_replicas_in_sync(model.variables)
+
+
+def keras_mlp():
+  return keras.Sequential([
+      keras.layers.Dense(16, "relu", kernel_initializer=keras.initializers.GlorotUniform(1)),
+      keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(2))])
+
+
+@pytest.mark.parametrize("replicator_name", sorted(catalogue.REPLICATORS))
+def test_a_keras_model_built_in_the_first_step_trains_like_one_device(replicator_name):
+  x, y = catalogue.classification_data()
+  repl = catalogue.make(replicator_name)
+  with repl.context():
+    model = keras_mlp()  # built inside the first step
+    optimizer = repl.wrap_optimizer(keras.optimizers.Adam(1e-2))
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(model, *batch)
+    optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                    model.trainable_variables)
+    return loss
+
+  repl.run(step_fn, catalogue.input_fn_for(x, y, GLOBAL_BATCH), steps=STEPS)
+
+  oracle = keras_mlp()
+  oracle_optimizer = keras.optimizers.Adam(1e-2)
+
+  @tf.function
+  def oracle_step(xb, yb):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(oracle, xb, yb)
+    oracle_optimizer.apply(tape.gradient(loss, oracle.trainable_variables),
+                           oracle.trainable_variables)
+
+  for i in range(STEPS):
+    batch = slice(i * GLOBAL_BATCH, (i + 1) * GLOBAL_BATCH)
+    oracle_step(x[batch], y[batch])
+  for var, want in zip(model.variables, oracle.variables):
+    for copy in var.value.replicas:
+      assert catalogue.norm_relative(copy.numpy(), want.numpy()) < 1e-5, var.name
+  # The wrapped optimizer shows the base's state (step count, slots).
+  assert len(optimizer.variables) == len(oracle_optimizer.variables) > 2
+  for var, want in zip(optimizer.variables, oracle_optimizer.variables):
+    assert catalogue.norm_relative(var.numpy(), want.numpy()) < 1e-5, var.name
+  repl.assert_replicas_in_sync(list(model.variables) + list(optimizer.variables))
