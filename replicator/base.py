@@ -15,6 +15,7 @@ import tensorflow as tf
 from replicator import cluster
 from replicator import collectives
 from replicator import context
+from replicator import keras_compat
 from replicator import optimizers
 from replicator import randomness
 from replicator import replica_ops
@@ -69,6 +70,7 @@ class Replicator:
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
     randomness.install()
+    keras_compat.install()
     if self._workers is not None:
       self._wait_for_workers()
       self._heartbeat = cluster.Heartbeat(mesh, self._all_reduce.timeout_s / 2)
@@ -178,7 +180,7 @@ class Replicator:
     self._sync_new_variables()
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
-      randomness.install()  # Keras may have been imported since the constructor
+      keras_compat.install()  # Keras may have been imported since the constructor
       compiled = steps_lib.CompiledStep(
           step_fn, element_spec, devices=self._placement,
           first_replica_id=self._mesh.local_replica_ids[0],

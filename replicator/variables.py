@@ -3,7 +3,9 @@
 Inside a step, replica `r` reads and writes its own copy. An assignment made
 inside a step is aggregated first (mean for floats, replica 0's value for
 integers, or the variable's own `aggregation`), so the copies never drift.
-Outside a step, reads see copy 0 and writes go to every copy.
+With SUM, `assign_add` sums the replicas' deltas; `assign` sums the assigned
+values, except on an ON_READ variable (a metric's accumulator), where it sums
+the changes. Outside a step, reads see copy 0 and writes go to every copy.
 """
 
 import contextlib
@@ -72,6 +74,11 @@ class ReplicatedVariable(tf.Variable):
     self._devices = tuple(devices)
     self._aggregation = aggregation or _Aggregation.NONE
     self._reduce_op = _reduce_op(self._aggregation, primary.dtype)
+    # A metric's accumulator (Keras: SUM, ON_READ) is written as
+    # `assign(total + x)`: summing the assigned values would count the old
+    # total once per replica, so the replicas' changes are summed instead.
+    self._sums_changes = (self._reduce_op is collectives.ReduceOp.SUM and
+                          primary.synchronization == tf.VariableSynchronization.ON_READ)
     _components[id(primary)] = primary
 
   def _materialize(self):
@@ -162,9 +169,14 @@ class ReplicatedVariable(tf.Variable):
     if replica is None:
       ops = [getattr(v, method)(value, **kwargs) for v in self._vars]
       return ops[0] if kwargs.get("read_value", True) else tf.group(ops)
+    copy = self._vars[replica.index]
     if not context.local_writes() and replica.group.num_replicas > 1:
-      value = self._aggregate(replica, tf.convert_to_tensor(value, self.dtype))
-    return getattr(self._vars[replica.index], method)(value, **kwargs)
+      value = tf.convert_to_tensor(value, self.dtype)
+      if method == "assign" and self._sums_changes:
+        old = copy.read_value()
+        return copy.assign(old + self._aggregate(replica, value - old), **kwargs)
+      value = self._aggregate(replica, value)
+    return getattr(copy, method)(value, **kwargs)
 
   def _aggregate(self, replica, value):
     group = replica.group

@@ -12,12 +12,12 @@ LAYERS = {
     "collectives": 2,
     "context": 3,
     "variables": 4, "replica_ops": 4, "inputs": 4,
-    "randomness": 5, "optimizers": 5, "steps": 5,
-    "base": 6,
-    "testing": 6,
-    "gpu": 7, "tpu": 7, "nn": 7, "checkpoint": 7,
-    "launch": 8,
-    "__init__": 9,
+    "randomness": 5, "optimizers": 5, "steps": 5, "keras_compat": 6,
+    "base": 7,
+    "testing": 7,
+    "gpu": 8, "tpu": 8, "nn": 8, "checkpoint": 8,
+    "launch": 9,
+    "__init__": 10,
 }
 
 

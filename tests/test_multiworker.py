@@ -62,6 +62,8 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
   exact = x.astype(np.float64).sum(0)
   for w, got in enumerate(_results(tmp_path)):
     np.testing.assert_array_equal(got["replica"], [2 * w, 2 * w + 1])
+    np.testing.assert_allclose(got["metric"], x.mean(), rtol=1e-6)  # Keras Mean
+    np.testing.assert_array_equal(got["bank"], x[:, 0])  # scatter_update rows
     for r in range(2):  # each local replica holds the job's result
       np.testing.assert_allclose(got["sum"][r], x.sum(0), rtol=1e-6)
       np.testing.assert_allclose(got["mean"][r], x.mean(0), rtol=1e-6)

@@ -12,7 +12,8 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # pylint: disable=g-import-not-at-top
+import keras  # pylint: disable=g-import-not-at-top
+import numpy as np
 import tensorflow as tf
 
 import replicator
@@ -35,6 +36,9 @@ def main():
   n = repl.num_replicas
   table = np.stack([value(r) for r in range(n)])
   int_table = np.stack([value(r, np.int32) for r in range(n)])
+  with repl.context():  # state aggregated across workers, not a collective call
+    metric = keras.metrics.Mean()
+    bank = tf.Variable(tf.zeros([n, 4]))
 
   def step_fn():
     x = tf.gather(tf.constant(table), repl.replica_id)
@@ -47,9 +51,13 @@ def main():
     # The compressed paths go through the gradient reduction's packing.
     out["bf16"] = repl.all_reduce([x, 2 * x], options=compressed)
     out["bf16_sum_in_float32"] = repl.all_reduce([x, 2 * x], options=wide)
+    metric.update_state(x)
+    bank.scatter_update(tf.IndexedSlices(x[:1], tf.reshape(repl.replica_id, [1])))
     return out
 
   out = tf.nest.map_structure(lambda t: t.numpy(), repl.run(step_fn))
+  out["metric"] = metric.result().numpy()
+  out["bank"] = bank.numpy()
   flat = {}
   for key, leaf in out.items():
     if isinstance(leaf, list):

@@ -1,0 +1,87 @@
+"""Keras 3 state inside a step: metrics and SUM-aggregated layer weights."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import catalogue
+
+METRICS = {
+    "mean": lambda: keras.metrics.Mean(),
+    "sum": lambda: keras.metrics.Sum(),
+    "accuracy": lambda: keras.metrics.SparseCategoricalAccuracy(),
+    "auc": lambda: keras.metrics.AUC(num_thresholds=7),
+    "f1": lambda: keras.metrics.F1Score(average="macro"),  # assign(self + x)
+    "iou": lambda: keras.metrics.MeanIoU(num_classes=3),  # assign(self + x)
+}
+
+
+def _update(name, metric, x, labels, probabilities):
+  if name in ("mean", "sum"):
+    metric.update_state(x)
+  elif name == "accuracy":
+    metric.update_state(labels, probabilities)
+  elif name == "auc":
+    metric.update_state(tf.cast(labels > 0, tf.float32), probabilities[:, 1])
+  elif name == "f1":
+    metric.update_state(tf.one_hot(labels, 3), probabilities)
+  else:
+    metric.update_state(labels, tf.argmax(probabilities, -1))
+
+
+@pytest.mark.parametrize("replicator_name", sorted(catalogue.REPLICATORS))
+def test_keras_metrics_updated_in_a_step_equal_one_device_on_all_the_data(replicator_name):
+  rng = np.random.RandomState(0)
+  x = rng.randn(96).astype(np.float32)
+  labels = rng.randint(0, 3, 96).astype(np.int32)
+  probabilities = rng.dirichlet(np.ones(3), 96).astype(np.float32)
+  repl = catalogue.make(replicator_name)
+  with repl.context():
+    metrics = {name: make() for name, make in METRICS.items()}
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices((x, labels, probabilities)).batch(
+        ctx.per_replica_batch_size(8 * repl.num_replicas), drop_remainder=True)
+
+  def step_fn(batch):
+    for name, metric in metrics.items():
+      _update(name, metric, *batch)
+    return tf.constant(0.0)
+
+  with pytest.raises(tf.errors.OutOfRangeError):  # every batch, then the end
+    repl.run(step_fn, input_fn, steps=1000)
+  for name, metric in metrics.items():
+    oracle = METRICS[name]()
+    _update(name, oracle, x, labels, probabilities)
+    np.testing.assert_allclose(metric.result().numpy(), oracle.result().numpy(),
+                               rtol=1e-5, err_msg=name)
+    repl.assert_replicas_in_sync(metric.variables)
+    metric.reset_state()
+    np.testing.assert_allclose(metric.result().numpy(), 0.0, err_msg=name)
+
+
+class Counter(keras.layers.Layer):
+  """Counts the examples it has seen, in a SUM-aggregated weight."""
+
+  def build(self, input_shape):
+    self.seen = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                aggregation="sum")
+
+  def call(self, x):
+    self.seen.assign_add(tf.cast(tf.shape(x)[0], self.seen.dtype))
+    return x
+
+
+@pytest.mark.parametrize("replicator_name", sorted(catalogue.REPLICATORS))
+def test_a_sum_aggregated_keras_weight_adds_every_replicas_change(replicator_name):
+  repl = catalogue.make(replicator_name)
+  with repl.context():
+    counter = Counter()
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(tf.zeros([64, 2])).batch(4, drop_remainder=True)
+
+  repl.run(counter, input_fn, steps=3)
+  for copy in counter.seen.value.replicas:
+    assert copy.numpy() == 3 * 4 * repl.num_replicas
