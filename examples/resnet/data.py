@@ -5,11 +5,10 @@ each worker reads its own `1 / ctx.num_input_pipelines` of the data (whole files
 there are enough of them, else every n-th example) and batches per replica.
 
 Training elements are `(images, labels)`. Evaluation elements are
-`(images, labels, weights)`: the last partial batch is padded with zero-weight
-examples, and `ctx.num_replicas_in_sync / ctx.num_input_pipelines - 1` all-padding
-batches follow, so every local replica gets a batch on the last step and, on one
-worker, no test image is dropped. (With several workers, a step needs a batch on every
-worker, so a shard longer than the others by a batch loses that batch.)
+`(images, labels, weights)` from `replicator.pad_to_global_batch`: the last step is
+padded with zero-weight examples so that every replica gets a batch and no test image
+is dropped; with several workers every worker runs ceil(eval examples / global batch)
+steps.
 """
 
 import dataclasses
@@ -19,6 +18,8 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
+
+import replicator
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 _FASHION_MNIST_MEAN, _FASHION_MNIST_STD = 0.2860, 0.3530
@@ -221,24 +222,12 @@ def _random_flip_batch(images):
 # Batching.
 
 
-def _pad_for_eval(ds, per_replica_batch_size, ctx):
-  """Adds zero weights for padding; see the module docstring."""
-  ds = ds.map(lambda x, y: (x, y, tf.ones([], tf.float32)))
-  ds = ds.batch(per_replica_batch_size)
-
-  def pad(x, y, w):
-    missing = per_replica_batch_size - tf.shape(y)[0]
-    pad_rows = lambda t: tf.pad(t, [[0, missing]] + [[0, 0]] * (t.shape.rank - 1))
-    return pad_rows(x), pad_rows(y), pad_rows(w)
-  ds = ds.map(pad)
-  element = tf.data.experimental.get_structure(ds)
-  local_replicas = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
-  filler = tf.data.Dataset.from_tensors(tf.nest.map_structure(
-      lambda s: tf.zeros([per_replica_batch_size] + s.shape[1:].as_list(), s.dtype),
-      element)).repeat(local_replicas - 1)
-  ds = ds.concatenate(filler)
-  static = lambda t: tf.ensure_shape(t, [per_replica_batch_size] + t.shape[1:])
-  return ds.map(lambda x, y, w: (static(x), static(y), static(w)))
+def _padded_eval(ds, ctx, global_batch_size, num_examples):
+  """`(images, labels, weights)` batches, padding weighted 0 (`pad_to_global_batch`)."""
+  if ctx.num_input_pipelines == 1:
+    num_examples = None  # one pipeline runs until its own data ends
+  padded = replicator.pad_to_global_batch(ds, ctx, global_batch_size, num_examples)
+  return padded.map(lambda batch, mask: (*batch, mask))
 
 
 def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
@@ -263,8 +252,8 @@ def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
         normalize = _normalize
       ds = _shard(tf.data.Dataset.from_tensor_slices((images, labels)), ctx)
       if not is_training:
-        return _pad_for_eval(ds.map(lambda x, y: (normalize(x), y)),
-                             batch_size, ctx).prefetch(2)
+        return _padded_eval(ds.map(lambda x, y: (normalize(x), y)), ctx,
+                            global_batch_size, len(labels)).prefetch(2)
       # Augmenting whole batches costs a few ops per batch instead of per image.
       ds = ds.shuffle(len(labels)).repeat().batch(batch_size, drop_remainder=True)
       ds = ds.map(lambda x, y: (_random_flip_batch(normalize(x)), y))
@@ -279,7 +268,10 @@ def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
     if not is_training:
       ds = ds.map(lambda x, y: (preprocess_for_eval(x, image_size), y),
                   num_parallel_calls=tf.data.AUTOTUNE)
-      return _pad_for_eval(ds, batch_size, ctx).prefetch(tf.data.AUTOTUNE)
+      num_examples = dataset_info(dataset, data_dir, image_size,
+                                  num_classes).num_eval_examples
+      return _padded_eval(ds, ctx, global_batch_size,
+                          num_examples).prefetch(tf.data.AUTOTUNE)
     ds = ds.shuffle(shuffle_buffer).repeat()
     ds = ds.map(lambda x, y: (preprocess_for_train(x, image_size), y),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
