@@ -192,6 +192,22 @@ class ReplicatedVariable(tf.Variable):
     return replica.collective(f"an update of variable {self.name}", [value],
                               merge)[0]
 
+  def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
+                            end_mask, ellipsis_mask, new_axis_mask,
+                            shrink_axis_mask):
+    """`var[...].assign(value)`: the slice's value is aggregated like `assign`'s."""
+    def write(copy, value):
+      return copy._strided_slice_assign(  # pylint: disable=protected-access
+          begin=begin, end=end, strides=strides, value=value, name=name,
+          begin_mask=begin_mask, end_mask=end_mask, ellipsis_mask=ellipsis_mask,
+          new_axis_mask=new_axis_mask, shrink_axis_mask=shrink_axis_mask)
+    replica = context.current()
+    if replica is None:
+      return [write(v, value) for v in self._vars][0]
+    if not context.local_writes() and replica.group.num_replicas > 1:
+      value = self._aggregate(replica, tf.convert_to_tensor(value, self.dtype))
+    return write(self._vars[replica.index], value)
+
   def assign(self, value, use_locking=None, name=None, read_value=True):
     return self._update("assign", value, read_value=read_value)
 

@@ -111,7 +111,7 @@ def test_random_draws_differ_between_replicas_and_repeat_with_the_seed(name):
 
 
 @pytest.mark.parametrize("name", list(catalogue.REPLICATORS))
-def test_sparse_writes_apply_every_replicas_rows_on_every_copy(name):
+def test_sparse_and_slice_writes_keep_every_copy_equal(name):
   repl = catalogue.make(name)
   n = repl.num_replicas
   with repl.context():
@@ -120,6 +120,7 @@ def test_sparse_writes_apply_every_replicas_rows_on_every_copy(name):
     peak = tf.Variable(tf.zeros([4]))
     seen = tf.Variable(tf.zeros([4], tf.int32))
     grid = tf.Variable(tf.zeros([n, 2]))
+    sliced = tf.Variable(tf.zeros([2, 3]))
 
   def step_fn():
     r = repl.replica_id
@@ -130,6 +131,7 @@ def test_sparse_writes_apply_every_replicas_rows_on_every_copy(name):
     peak.scatter_max(tf.IndexedSlices(tf.reshape(rf, [1]), tf.reshape(r % 4, [1])))
     seen.scatter_add(tf.IndexedSlices(tf.reshape(r + 1, [1]), tf.constant([1])))
     grid.scatter_nd_update(tf.reshape(tf.stack([r, 1]), [1, 2]), tf.reshape(rf + 5, [1]))
+    sliced[1, 1:].assign(tf.fill([2], rf))  # a slice assignment: averaged like assign
     return bank.read_value()
 
   out = repl.run(step_fn)
@@ -143,10 +145,11 @@ def test_sparse_writes_apply_every_replicas_rows_on_every_copy(name):
   np.testing.assert_allclose(out.numpy(), np.stack([want_bank] * n), rtol=1e-6)
   for copies, want in [(bank, want_bank), (peak, want_peak), (grid, want_grid),
                        (histogram, [np.sum(ids + 1.0), 0, 0, np.sum(ids + 1.0)]),
+                       (sliced, [[0, 0, 0], [0, np.mean(ids), np.mean(ids)]]),
                        (seen, [0, 1, 0, 0])]:  # integers: replica 0's rows alone
     for copy in copies.replicas:
       np.testing.assert_allclose(copy.numpy(), want, rtol=1e-6, err_msg=copies.name)
-  repl.assert_replicas_in_sync([bank, histogram, peak, seen, grid])
+  repl.assert_replicas_in_sync([bank, histogram, peak, seen, grid, sliced])
 
   bank.scatter_update(tf.IndexedSlices(tf.fill([1, 3], -1.0), tf.constant([1])))
   for copy in bank.replicas:  # outside a step: every copy
