@@ -171,7 +171,7 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
       total = across_workers(total, "Add", workers)
     totals = _spread(total, devices)
-  return _on_devices(lambda t: tf.cast(t, dtype), totals, devices)
+  return _on_devices(lambda t: _widen(t, dtype), totals, devices)
 
 
 def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
@@ -197,12 +197,24 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
 def _sum_wide(parts, narrow, device, workers) -> tf.Tensor:
   """The float32 sum of compressed `parts` and of the other workers' sums."""
   with tf.device(device):
-    total = tf.add_n([tf.cast(p, tf.float32) for p in parts])
+    total = tf.add_n([_widen(p, tf.float32) for p in parts])
     if workers is None or workers.num_workers == 1:
       return total
     gathered = gather_workers(tf.cast(total, narrow), workers)
     return tf.reduce_sum(
-        tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0)
+        tf.reshape(_widen(gathered, tf.float32), [workers.num_workers, -1]), 0)
+
+
+def _widen(value: tf.Tensor, dtype) -> tf.Tensor:
+  """`tf.cast(value, dtype)`; bfloat16 -> float32 by shifting its bits (exact).
+
+  A bfloat16 is the top half of a float32, and on CPU the shift is ~5x faster
+  than TensorFlow's cast (16 vs 89 ms for 6.4 M values, measured under load).
+  """
+  if value.dtype == tf.bfloat16 and dtype == tf.float32:
+    halves = tf.cast(tf.bitcast(value, tf.uint16), tf.uint32)
+    return tf.bitcast(tf.bitwise.left_shift(halves, 16), tf.float32)
+  return tf.cast(value, dtype)
 
 
 def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
