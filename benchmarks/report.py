@@ -20,7 +20,7 @@ RESULTS = os.path.join(HERE, "results")
 
 COMMANDS = {
     "step_rate": "python -m benchmarks.step_rate --replicas 2 --rounds 10",
-    "allreduce": "python -m benchmarks.allreduce --workers 2,4 --rounds 2",
+    "allreduce": "python -m benchmarks.allreduce --workers 2,4 --rounds 3",
     "scaling": "python -m benchmarks.scaling --workers 1,2 --rounds 3 --iters 10",
     "gan_step": "python -m benchmarks.gan_step --batch 64 --rounds 5",
     "checkpoint_roundtrip": "python -m benchmarks.checkpoint_roundtrip",
