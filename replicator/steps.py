@@ -163,7 +163,6 @@ class CompiledStep:
 
   def _trace_single(self, iterator, args):
     n = len(self._devices)
-    no_outputs = self._initial_outputs()
     if iterator is None:
       outputs = self._replicated_step([None] * n, args)
       completed = tf.constant(1, tf.int64)
@@ -173,7 +172,7 @@ class CompiledStep:
           ready,
           lambda: (tf.constant(1, tf.int64), self._replicated_step(
               [(o.get_value(),) for o in optionals], args)),
-          lambda: (tf.constant(0, tf.int64), no_outputs))
+          lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
     self._check_variables(tf.compat.v1.get_default_graph())
     return completed, outputs
 

@@ -192,6 +192,17 @@ class ReplicatedVariable(tf.Variable):
     return replica.collective(f"an update of variable {self.name}", [value],
                               merge)[0]
 
+  def _write(self, write, value, aggregate, outside=lambda results: results[0]):
+    """`write(copy, value)`: on every copy outside a step (`outside` picks what
+    to return); inside, on this replica's copy, once `aggregate(replica, value)`
+    has made the value common to every replica."""
+    replica = context.current()
+    if replica is None:
+      return outside([write(v, value) for v in self._vars])
+    if not context.local_writes() and replica.group.num_replicas > 1:
+      value = aggregate(replica, value)
+    return write(self._vars[replica.index], value)
+
   def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
                             end_mask, ellipsis_mask, new_axis_mask,
                             shrink_axis_mask):
@@ -201,12 +212,8 @@ class ReplicatedVariable(tf.Variable):
           begin=begin, end=end, strides=strides, value=value, name=name,
           begin_mask=begin_mask, end_mask=end_mask, ellipsis_mask=ellipsis_mask,
           new_axis_mask=new_axis_mask, shrink_axis_mask=shrink_axis_mask)
-    replica = context.current()
-    if replica is None:
-      return [write(v, value) for v in self._vars][0]
-    if not context.local_writes() and replica.group.num_replicas > 1:
-      value = self._aggregate(replica, tf.convert_to_tensor(value, self.dtype))
-    return write(self._vars[replica.index], value)
+    return self._write(write, value, lambda replica, value: self._aggregate(
+        replica, tf.convert_to_tensor(value, self.dtype)))
 
   def assign(self, value, use_locking=None, name=None, read_value=True):
     return self._update("assign", value, read_value=read_value)
@@ -223,38 +230,30 @@ class ReplicatedVariable(tf.Variable):
   # sum of all deltas (add/sub; divided by the replica count for a MEAN
   # variable, as a dense assign_add is averaged), or their max/min/product.
   # Integer and ONLY_FIRST_REPLICA variables take replica 0's rows alone.
-  def _scatter(self, method: str, sparse_delta, **kwargs):
+  def _scatter(self, method: str, sparse_delta):
     if not isinstance(sparse_delta, tf.IndexedSlices):
       raise TypeError(
           f"sparse_delta: {method} of {self.name!r} expects a tf.IndexedSlices, "
           f"got {type(sparse_delta).__name__}.")
-    replica = context.current()
-    if replica is None:
-      ops = [getattr(v, method)(sparse_delta, **kwargs) for v in self._vars]
-      return ops[0]
-    if not context.local_writes() and replica.group.num_replicas > 1:
-      rows, values = self._gather_rows(
-          replica, method, sparse_delta.indices,
-          tf.convert_to_tensor(sparse_delta.values, self.dtype))
-      if self._reduce_op is collectives.ReduceOp.MEAN and method in _ADDITIVE:
-        values = values / tf.cast(replica.group.num_replicas, values.dtype)
-      sparse_delta = tf.IndexedSlices(values, rows, sparse_delta.dense_shape)
-    return getattr(self._vars[replica.index], method)(sparse_delta, **kwargs)
+
+    def aggregate(replica, delta):
+      rows, values = self._gather_rows(replica, method, delta.indices, delta.values)
+      return tf.IndexedSlices(values, rows, delta.dense_shape)
+    return self._write(lambda copy, delta: getattr(copy, method)(delta),
+                       sparse_delta, aggregate)
 
   def _scatter_nd(self, method: str, indices, updates):
-    replica = context.current()
-    if replica is None:
-      return tf.group([getattr(v, method)(indices, updates) for v in self._vars])
-    if not context.local_writes() and replica.group.num_replicas > 1:
-      indices, updates = self._gather_rows(
-          replica, method, tf.convert_to_tensor(indices),
-          tf.convert_to_tensor(updates, self.dtype))
-      if self._reduce_op is collectives.ReduceOp.MEAN and method in _ADDITIVE:
-        updates = updates / tf.cast(replica.group.num_replicas, updates.dtype)
-    return getattr(self._vars[replica.index], method)(indices, updates)
+    def aggregate(replica, indices_and_updates):
+      return self._gather_rows(replica, method, *indices_and_updates)
+    return self._write(lambda copy, args: getattr(copy, method)(*args),
+                       (indices, updates), aggregate, outside=tf.group)
 
   def _gather_rows(self, replica, method, indices, values):
-    """Every replica's `(indices, values)`, concatenated in replica order."""
+    """Every replica's `(indices, values)`, concatenated in replica order.
+
+    Values of additive writes to a MEAN variable are divided by the replica
+    count, as a dense `assign_add` is averaged.
+    """
     group = replica.group
     if self._reduce_op is None:
       merge = lambda parts: collectives.broadcast(
@@ -263,9 +262,13 @@ class ReplicatedVariable(tf.Variable):
     else:
       merge = lambda parts: collectives.all_gather(parts, 0, group.devices,
                                                    group.workers)
-    rows, values = replica.collective(
-        f"a {method} of variable {self.name}", [indices, values], merge)
-    return rows, values
+    indices, values = replica.collective(
+        f"a {method} of variable {self.name}",
+        [tf.convert_to_tensor(indices), tf.convert_to_tensor(values, self.dtype)],
+        merge)
+    if self._reduce_op is collectives.ReduceOp.MEAN and method in _ADDITIVE:
+      values = values / tf.cast(group.num_replicas, values.dtype)
+    return indices, values
 
   def _sparse_write(method, nd=False):  # pylint: disable=no-self-argument
     if nd:
