@@ -22,6 +22,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+import replicator
 from examples.resnet import data
 
 FLAGS = flags.FLAGS
@@ -72,12 +73,22 @@ def resnet20(num_classes: int = 10, weight_decay: float = 5e-4, bn_decay: float 
   return keras.Model(inputs, logits)
 
 
-class _OneDevice:
-  """The input context of a single replica, for `data.make_input_fn`."""
-  num_input_pipelines, input_pipeline_id, num_replicas_in_sync = 1, 0, 1
+# The input context of a single replica, for `data.make_input_fn`.
+ONE_DEVICE = replicator.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                     num_replicas_in_sync=1)
 
-  def per_replica_batch_size(self, global_batch_size):
-    return global_batch_size
+
+def datasets(global_batch_size: int, data_dir=None):
+  """train.py's Fashion-MNIST pipelines, labels one-hot: (train, test).
+
+  The test batches carry a third component, each image's weight (0 for the padding
+  of the last batch), which Keras uses as sample weights.
+  """
+  def one_hot(x, y, *weights):
+    return (x, tf.one_hot(y, 10), *weights)
+  make = lambda is_training: data.make_input_fn(
+      "fashion_mnist", is_training, global_batch_size, data_dir=data_dir)(ONE_DEVICE)
+  return make(True).map(one_hot), make(False).map(one_hot)
 
 
 class Throughput(keras.callbacks.Callback):
@@ -106,11 +117,7 @@ def main(argv):
   keras.utils.set_random_seed(FLAGS.seed)
   batch = FLAGS.global_batch_size
   steps_per_epoch = FLAGS.steps_per_epoch or 60_000 // batch
-
-  def one_hot(x, y, *weights):
-    return (x, tf.one_hot(y, 10), *weights)
-  train_ds = data.make_input_fn("fashion_mnist", True, batch)(_OneDevice()).map(one_hot)
-  test_ds = data.make_input_fn("fashion_mnist", False, batch)(_OneDevice()).map(one_hot)
+  train_ds, test_ds = datasets(batch)
   peak = FLAGS.base_learning_rate * batch / 256
   warmup_steps = FLAGS.warmup_epochs * steps_per_epoch
   epochs = FLAGS.epochs

@@ -151,6 +151,23 @@ def test_fashion_mnist_from_idx_files(tmp_path):
   assert images.shape == (12, 28, 28, 1) and sorted(labels) == sorted(np.arange(12) % 10)
 
 
+def test_keras_baseline_reads_the_same_fashion_mnist(tmp_path):
+  """The plain Keras reference takes train.py's pipelines on one device."""
+  from examples.resnet import keras_baseline  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  for prefix, n in (("train", 8), ("t10k", 5)):
+    _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz",
+               rng.integers(0, 256, [n, 28, 28]))
+    _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+  train_ds, test_ds = keras_baseline.datasets(4, data_dir=str(tmp_path))
+  images, one_hot = next(iter(train_ds))
+  assert images.shape == (4, 28, 28, 1) and one_hot.shape == (4, 10)
+  batches = list(test_ds)
+  labels = np.concatenate([b[1].numpy().argmax(-1) for b in batches])
+  weights = np.concatenate([b[2].numpy() for b in batches])
+  assert sorted(labels[weights == 1]) == [0, 1, 2, 3, 4] and weights.sum() == 5
+
+
 @pytest.mark.skipif(not os.path.exists(data.FASHION_MNIST_DIR),
                     reason="Debian package dataset-fashion-mnist not installed")
 def test_fashion_mnist_installed():

@@ -140,3 +140,33 @@ def test_train_loop_evaluates_checkpoints_and_resumes(tmp_path):
                                resumed.model.trainable_variables):
     np.testing.assert_allclose(restored.numpy(), trained.numpy(), rtol=1e-6,
                                err_msg=trained.name)
+
+
+def test_eval_flip_averages_each_image_with_its_mirror():
+  """`accuracy_flip` against the model called eagerly on the images and their mirrors."""
+  images, labels = _fixed_batches(seed=2)
+  repl = replicator.MultiGpuReplicator(devices=TWO_CPUS)
+  experiment = _experiment(repl, _schedule(base_learning_rate=3.2), eval_flip=True)
+  weights = np.ones(GLOBAL_BATCH, np.float32)
+  weights[-3:] = 0.0  # padding: counted by neither accuracy
+
+  def eval_input_fn(ctx):
+    batch = ctx.per_replica_batch_size(GLOBAL_BATCH)
+    return tf.data.Dataset.from_tensor_slices((images, labels, weights)).batch(batch)
+
+  # Trained to find the bright quadrant, the model tells an image from its mirror.
+  repl.run(experiment.train_step, _input_fn(images, labels), steps=20)
+  result = experiment.evaluate(eval_input_fn)
+  repl.shutdown()
+
+  def probabilities(x):
+    return tf.nn.softmax(experiment.model(x, is_training=False)).numpy()
+  plain = probabilities(images)
+  both = plain + probabilities(images[:, :, ::-1])
+  kept = weights > 0
+  assert result["count"] == kept.sum()
+  assert result["accuracy"] == pytest.approx(
+      np.mean(plain.argmax(-1)[kept] == labels[kept]))
+  assert result["accuracy_flip"] == pytest.approx(
+      np.mean(both.argmax(-1)[kept] == labels[kept]))
+  assert result["accuracy_flip"] != result["accuracy"]  # the mirrors did count
