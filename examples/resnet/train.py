@@ -4,8 +4,9 @@ Fashion-MNIST on this machine's CPU, split into two logical devices (see README.
 
   python -m examples.resnet.train --dataset=fashion_mnist --model=resnet20 \
       --replicator=multi_gpu --num_cpu_devices=2 --global_batch_size=128 \
-      --base_learning_rate=0.2 --epochs=12 --warmup_epochs=1 --weight_decay=5e-4 \
-      --eval_every_epochs=2 --log_every_steps=117 --model_dir=/tmp/resnet20_fmnist
+      --base_learning_rate=0.2 --epochs=8.5 --warmup_epochs=0.5 --weight_decay=5e-4 \
+      --eval_every_epochs=8.5 --eval_batch_size=1000 --eval_flip --log_every_steps=117 \
+      --model_dir=/tmp/resnet20_fmnist
 
 Every `--log_every_steps` steps (one compiled call) it logs the last step's loss and
 accuracy, the learning rate, images/s and the time per step, and writes them to

@@ -50,10 +50,11 @@ def test_step_values():
 
 
 def test_fashion_mnist_config():
-  """The README's Fashion-MNIST run: base 0.2 at batch 128, 1 epoch of warm-up."""
-  schedule = schedule_lib.LearningRateSchedule(0.2, 128, 468, total_epochs=12,
-                                               warmup_epochs=1)
-  values = [float(schedule(s)) for s in (0, 234, 468, 468 + 2574, 12 * 468)]
+  """The README's Fashion-MNIST run: base 0.2 at batch 128, half an epoch of warm-up."""
+  schedule = schedule_lib.LearningRateSchedule(0.2, 128, 468, total_epochs=8.5,
+                                               warmup_epochs=0.5)
+  assert (schedule.warmup_steps, schedule.total_steps) == (234, 3978)
+  values = [float(schedule(s)) for s in (0, 117, 234, (234 + 3978) // 2, 3978)]
   np.testing.assert_allclose(values, [0.0, 0.05, 0.1, 0.05, 0.0], atol=1e-6)
 
 
