@@ -164,16 +164,16 @@ class Experiment:
   def eval_step(self, batch):
     images, labels, weights = batch
     logits = self.model(images, is_training=False)
-    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels),
-                      tf.float32)
+
+    def num_correct(scores):
+      hits = tf.equal(tf.argmax(scores, -1, output_type=tf.int32), labels)
+      return tf.reduce_sum(weights * tf.cast(hits, tf.float32))
     xent = cross_entropy(logits, labels, 0.0)
-    sums = {"correct": tf.reduce_sum(weights * correct),
-            "loss": tf.reduce_sum(weights * xent), "count": tf.reduce_sum(weights)}
+    sums = {"correct": num_correct(logits), "loss": tf.reduce_sum(weights * xent),
+            "count": tf.reduce_sum(weights)}
     if self.eval_flip:
       mirrored = self.model(tf.reverse(images, axis=[2]), is_training=False)
-      probabilities = tf.nn.softmax(logits) + tf.nn.softmax(mirrored)
-      sums["correct_flip"] = tf.reduce_sum(weights * tf.cast(tf.equal(
-          tf.argmax(probabilities, -1, output_type=tf.int32), labels), tf.float32))
+      sums["correct_flip"] = num_correct(tf.nn.softmax(logits) + tf.nn.softmax(mirrored))
     return self.repl.all_sum(sums)
 
   def evaluate(self, eval_input_fn):
@@ -182,22 +182,20 @@ class Experiment:
     With `eval_flip`, also "accuracy_flip": each image and its mirror image, softmax
     averaged (the test-time counterpart of the training flips).
     """
-    totals = {"correct": 0.0, "loss": 0.0, "count": 0.0}
-    if self.eval_flip:
-      totals["correct_flip"] = 0.0
+    totals = {}  # eval_step's sums, over the whole set
     while True:
       try:
         out = self.repl.run(self.eval_step, eval_input_fn)
       except replicator.InputExhausted:
         break
-      for key in totals:
-        totals[key] += float(out[key][0])
+      for key, value in out.items():
+        totals[key] = totals.get(key, 0.0) + float(value[0])
     self.repl.reset_input(eval_input_fn)
-    count = max(totals["count"], 1.0)
-    result = {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count,
-              "count": totals["count"]}
+    count = max(totals.get("count", 0.0), 1.0)
+    result = {"accuracy": totals.get("correct", 0.0) / count,
+              "loss": totals.get("loss", 0.0) / count, "count": totals.get("count", 0.0)}
     if self.eval_flip:
-      result["accuracy_flip"] = totals["correct_flip"] / count
+      result["accuracy_flip"] = totals.get("correct_flip", 0.0) / count
     return result
 
 

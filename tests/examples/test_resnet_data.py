@@ -132,12 +132,17 @@ def _write_idx(path, array):
     f.write(header + array.astype(np.uint8).tobytes())
 
 
-def test_fashion_mnist_from_idx_files(tmp_path):
-  rng = np.random.default_rng(2)
-  for prefix, n in (("train", 12), ("t10k", 5)):
-    _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz",
+def _write_fashion_mnist(directory, num_train, num_test, seed):
+  """Random 28x28 images labelled 0, 1, ..., 9, 0, ... in the Debian package's files."""
+  rng = np.random.default_rng(seed)
+  for prefix, n in (("train", num_train), ("t10k", num_test)):
+    _write_idx(directory / f"{prefix}-images-idx3-ubyte.gz",
                rng.integers(0, 256, [n, 28, 28]))
-    _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    _write_idx(directory / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+
+
+def test_fashion_mnist_from_idx_files(tmp_path):
+  _write_fashion_mnist(tmp_path, num_train=12, num_test=5, seed=2)
   images, labels = data.load_fashion_mnist(str(tmp_path), is_training=False)
   assert images.shape == (5, 28, 28, 1) and list(labels) == [0, 1, 2, 3, 4]
   # Two replicas on one worker: the padded last step gives each replica a batch.
@@ -154,11 +159,7 @@ def test_fashion_mnist_from_idx_files(tmp_path):
 def test_keras_baseline_reads_the_same_fashion_mnist(tmp_path):
   """The plain Keras reference takes train.py's pipelines on one device."""
   from examples.resnet import keras_baseline  # pylint: disable=g-import-not-at-top
-  rng = np.random.default_rng(3)
-  for prefix, n in (("train", 8), ("t10k", 5)):
-    _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz",
-               rng.integers(0, 256, [n, 28, 28]))
-    _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+  _write_fashion_mnist(tmp_path, num_train=8, num_test=5, seed=3)
   train_ds, test_ds = keras_baseline.datasets(4, data_dir=str(tmp_path))
   images, one_hot = next(iter(train_ds))
   assert images.shape == (4, 28, 28, 1) and one_hot.shape == (4, 10)
