@@ -83,7 +83,7 @@ def worker(variant: str, scale: float, iters: int, threads: int):
     def step():
       return strategy.run(replica_fn)
     call = lambda: strategy.experimental_local_results(step())[0]
-  seconds = common.seconds_per_call(call, iters, warmup=2)  # trace, first rendezvous
+  seconds = common.median_seconds_per_call(call, iters, warmup=2)  # trace, first rendezvous
   # Every worker started from worker 0's values (ours syncs them; MWMS too).
   expected = num_workers * sum(float(g[0]) for g in grads)
   error = abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
@@ -103,7 +103,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--workers", default="2,4")
   parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--scale", type=float, default=0.25)
   parser.add_argument("--variants", default=";".join(VARIANTS),
                       help="';'-separated names from VARIANTS")

@@ -118,6 +118,51 @@ def test_compressed_all_reduce_error_is_bounded(compression, bound):
   assert np.max(np.abs(got - exact)) > 0  # it really was compressed
 
 
+@pytest.mark.parametrize("compression", [
+    replicator.Compression.BF16, replicator.Compression.FP16])
+def test_compressed_mean_of_a_packed_bucket(compression):
+  """Many tensors, one compressed bucket: each comes back in its own shape and
+  dtype, within the rounding bound, and the bucket is concatenated narrow."""
+  rng = np.random.RandomState(3)
+  shapes = [(10,), (4, 5), (3,), (7, 2), (1,)] * 3
+  values = [[rng.randn(*s).astype(np.float32) for s in shapes] for _ in range(2)]
+  values[0].append(np.arange(3, dtype=np.int32))  # not floating: never compressed
+  values[1].append(np.arange(3, dtype=np.int32) * 5)
+  devices = ["/device:CPU:0", "/device:CPU:1"]
+  options = replicator.AllReduceOptions(compression=compression)
+
+  @tf.function
+  def fn():
+    return collectives.all_reduce(
+        [[tf.constant(v) for v in replica] for replica in values],
+        replicator.ReduceOp.SUM,
+        devices, options)
+
+  @tf.function
+  def mean():
+    return collectives.all_reduce(
+        [[tf.constant(v) for v in replica[:-1]] for replica in values],
+        replicator.ReduceOp.MEAN, devices, options)
+
+  graph = mean.get_concrete_function().graph
+  concats = [op for op in graph.get_operations() if op.type == "ConcatV2"]
+  assert concats and all(op.outputs[0].dtype == compression.value for op in concats)
+  bound = {replicator.Compression.BF16: 2.0**-7,
+           replicator.Compression.FP16: 2.0**-10}[compression]
+  summed, averaged = fn(), mean()
+  for r in range(2):
+    for got, a, b in zip(summed[r][:-1], values[0], values[1]):
+      assert got.dtype == tf.float32 and got.shape == a.shape
+      scale = np.abs(a) + np.abs(b)
+      np.testing.assert_array_less(np.abs(got.numpy() - (a.astype(np.float64) + b)),
+                                   1.5 * bound * scale + 1e-12)
+    for got, a, b in zip(averaged[r], values[0], values[1]):
+      scale = (np.abs(a) + np.abs(b)) / 2
+      np.testing.assert_array_less(
+          np.abs(got.numpy() - (a.astype(np.float64) + b) / 2), 1.5 * bound * scale + 1e-12)
+    np.testing.assert_array_equal(summed[r][-1], np.arange(3) * 6)
+
+
 @pytest.mark.parametrize("compression,bound", [
     (replicator.Compression.BF16, 2.0**-7), (replicator.Compression.FP16, 2.0**-10)])
 def test_sum_in_float32_rounds_each_value_once_and_never_the_sum(compression, bound):
