@@ -46,8 +46,9 @@ class AllReduceOptions:
       added in float32: every value is rounded once, the sums not at all.
       Between workers this is an all-gather of the compressed buckets and a
       local sum (each worker receives W-1 buckets instead of a ring's ~2):
-      it pays at 2-4 workers, where it moves half the bytes of a float32
-      all-reduce.
+      an accuracy option, not a speed one (TensorFlow's gather over gRPC
+      was 1.4x-2.6x slower than a float32 all-reduce at 2-4 workers on a
+      2-core machine, benchmarks/RESULTS.md).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers).
@@ -194,24 +195,15 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
 
 def _sum_wide(parts, device, workers) -> tf.Tensor:
   """The float32 sum of compressed `parts` and of the other workers' sums."""
-  narrow = parts[0].dtype
   with tf.device(device):
-    total = tf.add_n([_widen(p, tf.float32) for p in parts])
     if workers is None or workers.num_workers == 1:
-      return total
-    gathered = gather_workers(_narrow(total, narrow), workers)
+      return tf.add_n([tf.cast(p, tf.float32) for p in parts])
+    # Several local replicas: their float32 sum is rounded once to travel.
+    mine = parts[0] if len(parts) == 1 else tf.cast(
+        tf.add_n([tf.cast(p, tf.float32) for p in parts]), parts[0].dtype)
+    gathered = gather_workers(mine, workers)
     return tf.reduce_sum(
-        tf.reshape(_widen(gathered, tf.float32), [workers.num_workers, -1]), 0)
-
-
-def _narrow(value: tf.Tensor, dtype) -> tf.Tensor:
-  """`value` cast to the compressed `dtype` (round to nearest even)."""
-  return tf.cast(value, dtype)
-
-
-def _widen(value: tf.Tensor, dtype) -> tf.Tensor:
-  """`value` cast back from the compressed dtype (exact)."""
-  return tf.cast(value, dtype)
+        tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0)
 
 
 def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
@@ -250,7 +242,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
     for group in groups:
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None
-      squeeze = lambda t: t if narrow is None else _narrow(t, narrow)
+      squeeze = lambda t: t if narrow is None else tf.cast(t, narrow)
       flat = []
       for replica, device in zip(values, devices):
         with tf.device(device):  # narrowed where it lives, so it travels narrow
@@ -271,7 +263,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
           else:
             pieces = [total]
           if not wide:
-            pieces = [_widen(p, dtype) for p in pieces]
+            pieces = [tf.cast(p, dtype) for p in pieces]
             if op is ReduceOp.MEAN:
               pieces = [p / tf.cast(num_replicas, dtype) for p in pieces]
         for index, piece in zip(group, pieces):

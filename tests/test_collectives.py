@@ -227,12 +227,3 @@ def test_gradients_flow_through_collectives_as_on_one_device(name, kind):
   want = tape.gradient(total, v).numpy()
   for r in range(n):
     np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-6)
-
-
-def test_bfloat16_widening_by_bit_shift_equals_a_cast():
-  values = np.array([0.0, -0.0, 1.0, -3.5, 1e-40, 3e38, np.inf, -np.inf, np.nan,
-                     np.pi, -1e-3], np.float32)
-  narrow = tf.cast(tf.constant(np.stack([values, values[::-1]])), tf.bfloat16)
-  widened = collectives._widen(narrow, tf.float32).numpy()  # pylint: disable=protected-access
-  np.testing.assert_array_equal(widened.view(np.uint32),
-                                tf.cast(narrow, tf.float32).numpy().view(np.uint32))
