@@ -3,7 +3,8 @@
 Runs every variant in one process, alternating rounds, and prints ms per step
 and the ratios (absolute times on a shared machine are noise; ratios less so).
 
-  python -m benchmarks.step_rate [--replicas 2] [--rounds 5] [--json out.json]
+  python -m benchmarks.step_rate [--replicas 2] [--rounds 5] [--threads 1,2]
+      [--json out.json]
 """
 
 import argparse
@@ -154,7 +155,14 @@ def main():
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--steps", type=int, default=1000)
   parser.add_argument("--json", default=None)
+  parser.add_argument("--threads", default=None, metavar="INTRA,INTER",
+                      help="intra-op and inter-op thread counts (TF's defaults "
+                      "when left out), e.g. 1,2 for a thread per logical device")
   args = parser.parse_args()
+  if args.threads:
+    intra, inter = (int(t) for t in args.threads.split(","))
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
   devices = replicator.testing.configure_logical_cpus(args.replicas)
   variants = {
       "replicator, 1 step/call": (replicator_variant(devices, 1), 1),
@@ -190,6 +198,7 @@ def main():
   }
   result = {"machine": common.machine(),
             "tensorflow": tf.__version__, "replicas": args.replicas,
+            "threads (intra,inter)": args.threads or "TensorFlow's defaults",
             "ms_per_step (best of rounds)": ms, "ratios": ratios}
   common.write_result(result, args.json)
 
