@@ -141,29 +141,14 @@ class StandInWorkers:
   num_workers: int
 
 
-def _token(instance_key: int):
-  """A resource handle of this collective's own (no variable behind it).
-
-  A collective with no resource input is a stateful op that `tf.function`
-  chains after the previous one in program order, so several buckets would
-  cross the network one at a time (161 unpacked tensors: 4x slower than one
-  bucket). Collectives that use different resources are not chained, and
-  their instance keys already match them up across workers.
-  """
-  return tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[],
-                                shared_name=f"replicator_collective_{instance_key}")
-
-
 def across_workers(value: tf.Tensor, merge_op: str, workers) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective)."""
   if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
     return value
-  key = workers.next()
   return collective_ops.all_reduce_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=key, merge_op=merge_op, final_op="Id",
-      communication_hint="ring", timeout=workers.timeout_s,
-      ordering_token=_token(key))
+      instance_key=workers.next(), merge_op=merge_op, final_op="Id",
+      communication_hint="ring", timeout=workers.timeout_s)
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
@@ -202,11 +187,10 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
     halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [workers.num_workers, -1])
     return tf.reshape(halves[:, :flat.shape[0]],
                       [workers.num_workers * value.shape[0]] + value.shape[1:])
-  key = workers.next()
   return collective_ops.all_gather_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=key, communication_hint="ring", timeout=workers.timeout_s,
-      ordering_token=_token(key))
+      instance_key=workers.next(), communication_hint="ring",
+      timeout=workers.timeout_s)
 
 
 def _sum_wide(parts, device, workers) -> tf.Tensor:

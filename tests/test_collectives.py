@@ -227,26 +227,3 @@ def test_gradients_flow_through_collectives_as_on_one_device(name, kind):
   want = tape.gradient(total, v).numpy()
   for r in range(n):
     np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-6)
-
-
-def test_buckets_cross_workers_side_by_side_not_one_after_another():
-  """`tf.function` chains stateful ops with no resource input in program order;
-  each collective between workers gets a resource of its own so the buckets'
-  collectives are not chained to each other (traced only, never run)."""
-  from replicator import cluster  # pylint: disable=g-import-not-at-top
-  shapes = [(10,), (4, 5), (3,), (7, 2), (1,)] * 4
-  workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=5.0)
-
-  @tf.function(autograph=False)
-  def fn():
-    values = [[tf.ones(s) for s in shapes]]
-    return collectives.all_reduce(values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
-                                  replicator.AllReduceOptions(pack_bytes=84 * 4),
-                                  workers=workers)
-
-  graph = fn.get_concrete_function().graph
-  reduces = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
-  assert len(reduces) == 3  # 192 floats in buckets of at most 84
-  names = {op.name for op in reduces}
-  for op in reduces:
-    assert not names & {c.name for c in op.control_inputs}, op.name
