@@ -225,6 +225,8 @@ class Replicator:
 
   def _worker_lost(self, error) -> cluster.WorkerLost:
     worker = self._heartbeat.lost if self._heartbeat else None
+    if worker is None:  # before the heartbeat noticed: the peer gRPC named
+      worker = cluster.peer_in_error(str(error), self._mesh.worker_index)
     address = self._mesh.worker_addresses[worker] if worker is not None else ""
     return cluster.WorkerLost(worker, self._steps_completed, address,
                               type(error).__name__)

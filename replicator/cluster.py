@@ -6,6 +6,7 @@ authenticated: run them on a trusted network only.
 """
 
 import itertools
+import re
 import threading
 from typing import Optional
 
@@ -99,6 +100,17 @@ class WorkerLost(RuntimeError):
         "the last checkpoint (replicator.Checkpointer.restore_latest()).")
     self.worker = worker
     self.step = step
+
+
+def peer_in_error(message: str, own_index: int) -> Optional[int]:
+  """The worker a gRPC error came from ("remote target /job:worker/.../task:1").
+
+  None unless the message names exactly one worker other than `own_index`.
+  """
+  tasks = {int(t) for t in re.findall(
+      r"remote target /job:" + _JOB + r"/replica:\d+/task:(\d+)", message)}
+  tasks.discard(own_index)
+  return tasks.pop() if len(tasks) == 1 else None
 
 
 class Heartbeat:
