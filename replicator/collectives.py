@@ -160,7 +160,7 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   worker the sum is NCCL's all-reduce; elsewhere an `add_n`, then one
   collective between workers.
   """
-  if parts[0].dtype in _NARROW and options.sum_in_float32:
+  if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
     return _spread(_sum_wide(parts, devices[0], workers), devices)
   if _on_gpus(devices) and (workers is None or workers.num_workers == 1):
     return nccl_ops.all_sum(_on_devices(tf.identity, parts, devices))
@@ -169,8 +169,6 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
     total = across_workers(total, "Add", workers)
   return _spread(total, devices)
 
-
-_NARROW = (tf.bfloat16, tf.float16)
 
 
 def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
@@ -196,11 +194,11 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
 def _sum_wide(parts, device, workers) -> tf.Tensor:
   """The float32 sum of compressed `parts` and of the other workers' sums."""
   with tf.device(device):
+    local_sum = lambda: tf.add_n([tf.cast(p, tf.float32) for p in parts])
     if workers is None or workers.num_workers == 1:
-      return tf.add_n([tf.cast(p, tf.float32) for p in parts])
+      return local_sum()
     # Several local replicas: their float32 sum is rounded once to travel.
-    mine = parts[0] if len(parts) == 1 else tf.cast(
-        tf.add_n([tf.cast(p, tf.float32) for p in parts]), parts[0].dtype)
+    mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
     gathered = gather_workers(mine, workers)
     return tf.reduce_sum(
         tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0)
@@ -242,12 +240,12 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
     for group in groups:
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None
-      squeeze = lambda t: t if narrow is None else tf.cast(t, narrow)
+      narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
       flat = []
       for replica, device in zip(values, devices):
         with tf.device(device):  # narrowed where it lives, so it travels narrow
-          flat.append(tf.concat([tf.reshape(squeeze(replica[i]), [-1]) for i in group], 0)
-                      if len(group) > 1 else squeeze(replica[group[0]]))
+          flat.append(tf.concat([tf.reshape(narrowed(replica[i]), [-1]) for i in group], 0)
+                      if len(group) > 1 else narrowed(replica[group[0]]))
       totals = _sum(flat, options, devices, workers)
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):

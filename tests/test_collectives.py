@@ -72,18 +72,17 @@ def test_all_gather_and_broadcast_match_numpy(name):
     np.testing.assert_array_equal(out["gather1"][r], np.concatenate(parts, 1))
 
 
-def _reduce_in_graph(values, options):
+def _reduce_in_graph(values, options, op=replicator.ReduceOp.SUM, count=("AddN", "AddV2")):
+  """The reduction of `values` over 2 replicas, and the ops of types `count` in its graph."""
   devices = ["/device:CPU:0", "/device:CPU:1"]
 
   @tf.function
   def fn():
     return collectives.all_reduce(
-        [[tf.constant(v) for v in replica] for replica in values],
-        replicator.ReduceOp.SUM, devices, options)
+        [[tf.constant(v) for v in replica] for replica in values], op, devices, options)
 
   graph = fn.get_concrete_function().graph
-  adds = [op for op in graph.get_operations() if op.type in ("AddN", "AddV2")]
-  return fn(), len(adds)
+  return fn(), [o for o in graph.get_operations() if o.type in count]
 
 
 def test_gradients_are_packed_into_buckets():
@@ -93,10 +92,10 @@ def test_gradients_are_packed_into_buckets():
   values[0].append(np.arange(3, dtype=np.int32))  # a second dtype: its own bucket
   values[1].append(np.arange(3, dtype=np.int32))
   unlimited, adds = _reduce_in_graph(values, replicator.AllReduceOptions())
-  assert adds == 2  # one per dtype, not one per tensor
+  assert len(adds) == 2  # one per dtype, not one per tensor
   small, adds_small = _reduce_in_graph(
       values, replicator.AllReduceOptions(pack_bytes=84 * 4))
-  assert 2 < adds_small < len(shapes)
+  assert 2 < len(adds_small) < len(shapes)
   for result in (unlimited, small):
     for r in range(2):
       for got, a, b in zip(result[r], values[0], values[1]):
@@ -128,28 +127,13 @@ def test_compressed_mean_of_a_packed_bucket(compression):
   values = [[rng.randn(*s).astype(np.float32) for s in shapes] for _ in range(2)]
   values[0].append(np.arange(3, dtype=np.int32))  # not floating: never compressed
   values[1].append(np.arange(3, dtype=np.int32) * 5)
-  devices = ["/device:CPU:0", "/device:CPU:1"]
   options = replicator.AllReduceOptions(compression=compression)
-
-  @tf.function
-  def fn():
-    return collectives.all_reduce(
-        [[tf.constant(v) for v in replica] for replica in values],
-        replicator.ReduceOp.SUM,
-        devices, options)
-
-  @tf.function
-  def mean():
-    return collectives.all_reduce(
-        [[tf.constant(v) for v in replica[:-1]] for replica in values],
-        replicator.ReduceOp.MEAN, devices, options)
-
-  graph = mean.get_concrete_function().graph
-  concats = [op for op in graph.get_operations() if op.type == "ConcatV2"]
+  summed, _ = _reduce_in_graph(values, options)
+  averaged, concats = _reduce_in_graph([replica[:-1] for replica in values], options,
+                                       replicator.ReduceOp.MEAN, count=("ConcatV2",))
   assert concats and all(op.outputs[0].dtype == compression.value for op in concats)
   bound = {replicator.Compression.BF16: 2.0**-7,
            replicator.Compression.FP16: 2.0**-10}[compression]
-  summed, averaged = fn(), mean()
   for r in range(2):
     for got, a, b in zip(summed[r][:-1], values[0], values[1]):
       assert got.dtype == tf.float32 and got.shape == a.shape
