@@ -108,10 +108,18 @@ def _dense(value):
 
 
 def _buckets(tensors: Sequence[tf.Tensor], pack_bytes: int) -> List[List[int]]:
-  """Groups tensor indices by dtype into buckets of at most `pack_bytes`."""
+  """Groups tensor indices by dtype into buckets of at most `pack_bytes`.
+
+  Buckets are filled from the last tensor backwards and returned in that
+  order: gradients arrive last layer first, and collectives between workers
+  run one after another in the order they are built, so the first bucket on
+  the wire is the first one ready and it crosses while the backward pass goes
+  on (as PyTorch DDP and MultiWorkerMirroredStrategy order them). The
+  remainder bucket, the smallest, goes last.
+  """
   by_dtype = {}
-  for index, tensor in enumerate(tensors):
-    by_dtype.setdefault(tensor.dtype, []).append(index)
+  for index in reversed(range(len(tensors))):
+    by_dtype.setdefault(tensors[index].dtype, []).append(index)
   buckets = []
   for indices in by_dtype.values():
     current, current_bytes = [], 0

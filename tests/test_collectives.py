@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import catalogue
 import replicator
+from replicator import cluster
 from replicator import collectives
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
@@ -100,6 +101,40 @@ def test_gradients_are_packed_into_buckets():
     for r in range(2):
       for got, a, b in zip(result[r], values[0], values[1]):
         np.testing.assert_allclose(got.numpy(), a + b, rtol=1e-6)
+
+
+def test_buckets_cross_workers_last_layer_first():
+  """Collectives between workers run in the order they are built, so the first
+  bucket must hold the last tensors (the first gradients the backward pass
+  produces) for the transfer to overlap it."""
+  sizes = [40, 30, 20, 10, 5]  # float32 tensors, first layer first
+  workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
+
+  @tf.function
+  def fn():
+    values = [[tf.constant(np.ones(n, np.float32), name=f"layer{i}")
+               for i, n in enumerate(sizes)]]
+    return collectives.all_reduce(
+        values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
+        replicator.AllReduceOptions(pack_bytes=30 * 4), num_replicas=2, workers=workers)
+
+  graph = fn.get_concrete_function().graph
+  reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+
+  def layers_feeding(op):
+    seen, stack, layers = set(), [op], set()
+    while stack:
+      node = stack.pop()
+      if node.name.startswith("layer"):
+        layers.add(int(node.name[len("layer"):]))
+      for tensor in node.inputs:
+        if tensor.op not in seen and tensor.op.type != "CollectiveReduceV2":
+          seen.add(tensor.op)
+          stack.append(tensor.op)
+    return layers
+
+  # Built (and so sent) in this order: {10, 5}, {20}, {30}, {40} floats.
+  assert [layers_feeding(op) for op in reductions] == [{3, 4}, {2}, {1}, {0}]
 
 
 @pytest.mark.parametrize("compression,bound", [
