@@ -1,16 +1,20 @@
 """All-reduce of a ResNet-50-like gradient set across local worker processes.
 
 Ours (packed float32, bfloat16 on the wire, bfloat16 with a float32 sum) against
-`MultiWorkerMirroredStrategy` (RING, with and without `bytes_per_pack`), each
-variant in its own set of worker processes on 127.0.0.1, started through
-`replicator.launch`, variants alternating round by round. The gradient set has
-ResNet-50's 161 tensors with their sizes scaled by `--scale` (0.25: 6.4 M
-floats, 25.6 MB in float32; 1.0 is the real 102 MB).
+`MultiWorkerMirroredStrategy` (RING; `bytes_per_pack=0`, its default, puts every
+tensor in one pack; 32MB packs of at least 32 MB), each variant in its own set
+of worker processes on 127.0.0.1, started through `replicator.launch`, variants
+alternating within each round. The gradient set has ResNet-50's 161 tensors
+with their sizes scaled by `--scale` (0.25: 6.4 M floats, 25.6 MB in float32;
+1.0 is the real 102 MB). Two more variants reduce one tensor that already holds
+every value, in float32 and in bfloat16: the transfer alone, with no packing
+or casting, which bounds what packing and compression can reach.
 
   python -m benchmarks.allreduce [--workers 2,4] [--rounds 3] [--json out.json]
 
-Prints ms per all-reduce (best of the rounds, as timed by worker 0) and the
-ratios to MWMS. Each worker gets cores/W intra-op threads.
+Prints ms per all-reduce (as timed by worker 0; best of the rounds) and the
+ratios to MWMS, best of rounds and the range of the ratios taken round by
+round. Each worker gets cores/W intra-op threads.
 """
 
 import argparse
@@ -20,7 +24,8 @@ import os
 from benchmarks import common
 
 VARIANTS = ("ours fp32 packed", "ours bf16", "ours bf16, float32 sum",
-            "MWMS RING, bytes_per_pack=0", "MWMS RING, bytes_per_pack=32MB")
+            "MWMS RING, bytes_per_pack=0", "MWMS RING, bytes_per_pack=32MB",
+            "transfer alone: one fp32 tensor", "transfer alone: one bf16 tensor")
 
 
 def resnet50_sizes():
@@ -51,19 +56,30 @@ def worker(variant: str, scale: float, iters: int, threads: int):
   tf.config.threading.set_intra_op_parallelism_threads(threads)
   grads = _gradients(scale)
   num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
-  if variant.startswith("ours"):
+  ours = not variant.startswith("MWMS")
+  if ours:
     import replicator  # pylint: disable=g-import-not-at-top
     options = replicator.AllReduceOptions(
-        compression=(replicator.Compression.NONE if "fp32" in variant
-                     else replicator.Compression.BF16),
+        compression=(replicator.Compression.BF16 if variant.startswith("ours bf16")
+                     else replicator.Compression.NONE),
         sum_in_float32="float32 sum" in variant)
     repl = replicator.MultiGpuReplicator(devices=["CPU:0"], all_reduce=options)
-    with repl.context():
-      variables = [tf.Variable(g) for g in grads]
+    if variant.startswith("transfer alone"):
+      dtype = tf.bfloat16 if "bf16" in variant else tf.float32
+      starts = np.cumsum([0] + [g.size for g in grads[:-1]])
+      with repl.context():
+        flat = tf.Variable(tf.cast(np.concatenate(grads), dtype))
 
-    def step_fn():
-      reduced = repl.all_reduce([v.read_value() for v in variables])
-      return tf.add_n([r[0] for r in reduced])
+      def step_fn():
+        total = repl.all_reduce(flat.read_value())
+        return tf.reduce_sum(tf.cast(tf.gather(total, starts), tf.float32))
+    else:
+      with repl.context():
+        variables = [tf.Variable(g) for g in grads]
+
+      def step_fn():
+        reduced = repl.all_reduce([v.read_value() for v in variables])
+        return tf.add_n([r[0] for r in reduced])
     call = lambda: repl.run(step_fn)[0]
   else:
     packing = 32 * 2**20 if "32MB" in variant else 0
@@ -89,9 +105,34 @@ def worker(variant: str, scale: float, iters: int, threads: int):
   error = abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
   print("RESULT " + json.dumps({"variant": variant, "ms": 1e3 * seconds,
                                 "relative_error": error}), flush=True)
-  if variant.startswith("ours"):
+  if ours:
     repl.shutdown()
-  del np
+
+
+def _ratios(best, rounds, counts, variants):
+  """MWMS's time / ours, best of rounds and round by round.
+
+  Two baselines: MWMS with 32 MB packs (the fp32 target) and the faster of the
+  two MWMS variants in each round (the compression target).
+  """
+  def mwms(timings, workers, which):
+    found = [timings.get(f"MWMS RING, bytes_per_pack={p}, {workers} workers")
+             for p in which]
+    found = [x for x in found if x]
+    return min(found) if found else None
+
+  bases = {"MWMS packed": ("32MB",), "best MWMS fp32": ("32MB", "0")}
+  ratios, per_round = {}, {}
+  for workers in counts:
+    for variant in (v for v in variants if not v.startswith("MWMS")):
+      mine = f"{variant}, {workers} workers"
+      for base, which in bases.items():
+        if mwms(best, workers, which) is None:
+          continue
+        name = f"{workers} workers: {base} / {variant}"
+        ratios[name] = mwms(best, workers, which) / best[mine]
+        per_round[name] = [mwms(r, workers, which) / r[mine] for r in rounds]
+  return ratios, per_round
 
 
 def _run_job(variant, workers, scale, iters):
@@ -120,30 +161,26 @@ def main():
   unknown = [v for v in variants if v not in VARIANTS]
   if unknown:
     raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
-  best = {}
+  counts = [int(w) for w in args.workers.split(",")]
+  rounds = []  # one {"variant, W workers": ms} per round
   errors = {}
   for _ in range(args.rounds):
-    for workers in [int(w) for w in args.workers.split(",")]:
+    rounds.append({})
+    for workers in counts:
       for variant in variants:
         result = _run_job(variant, workers, args.scale, args.iters)
         key = f"{variant}, {workers} workers"
-        best[key] = min(best.get(key, float("inf")), result["ms"])
+        rounds[-1][key] = result["ms"]
         errors[key] = result["relative_error"]
         print(f"{key}: {result['ms']:.1f} ms", flush=True)
-  ratios = {}
-  for workers in [int(w) for w in args.workers.split(",")]:
-    ms = lambda v: best.get(f"{v}, {workers} workers")
-    base = ms("MWMS RING, bytes_per_pack=32MB")
-    fp32 = ms("MWMS RING, bytes_per_pack=0")
-    for variant in variants:
-      if variant.startswith("ours") and base:
-        ratios[f"{workers} workers: MWMS packed / {variant}"] = base / ms(variant)
-      if variant.startswith("ours") and fp32:
-        ratios[f"{workers} workers: MWMS unpacked / {variant}"] = fp32 / ms(variant)
+  best = {key: min(r[key] for r in rounds) for key in rounds[0]}
+  ratios, per_round = _ratios(best, rounds, counts, variants)
   result = {"machine": common.machine(),
             "tensors": len(sizes), "floats": floats, "megabytes_fp32": 4 * floats / 1e6,
             "ms_per_all_reduce (best of rounds)": best,
-            "relative_error_of_checksum": errors, "ratios": ratios}
+            "ms_per_all_reduce (each round)": rounds,
+            "relative_error_of_checksum": errors,
+            "ratios (best of rounds)": ratios, "ratios (each round)": per_round}
   common.write_result(result, args.json)
 
 

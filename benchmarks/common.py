@@ -9,7 +9,21 @@ import time
 
 
 def machine() -> str:
-  return f"{platform.node()} ({os.cpu_count()} cores)"
+  """Host name, cores and CPU model: the same host name has been different CPUs."""
+  model, wide = platform.processor() or platform.machine(), ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      info = f.read()
+    names = [l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")]
+    fields = {l.split(":", 1)[0].strip(): l.split(":", 1)[1].strip()
+              for l in info.splitlines()[:30] if ":" in l}
+    model = names[0] if names else model
+    if "cpu family" in fields:
+      model += f" family {fields['cpu family']} model {fields.get('model', '?')}"
+    wide = ", AVX-512" if " avx512f " in f" {fields.get('flags', '')} " else ", no AVX-512"
+  except OSError:
+    pass
+  return f"{platform.node()} ({os.cpu_count()} cores, {model}{wide})"
 
 
 def seconds_per_call(fn, calls: int, warmup: int = 1) -> float:

@@ -24,7 +24,8 @@ def _layers(scale):
   return [1024, width, width, width, width, 10]
 
 
-def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
+def worker(variant: str, scale: float, batch: int, iters: int, threads: int,
+           pack_mb: float):
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
@@ -55,7 +56,9 @@ def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
       batch, drop_remainder=True)
   if variant == "ours":
     import replicator  # pylint: disable=g-import-not-at-top
-    repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+    repl = replicator.MultiGpuReplicator(
+        devices=["CPU:0"],
+        all_reduce=replicator.AllReduceOptions(pack_bytes=int(pack_mb * 2**20)))
     ds = make_ds()
     with repl.context():
       weights = model_vars()
@@ -71,7 +74,7 @@ def worker(variant: str, scale: float, batch: int, iters: int, threads: int):
   else:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=32 * 2**20,
+            bytes_per_pack=int(pack_mb * 2**20),
             implementation=tf.distribute.experimental.CommunicationImplementation.RING))
     ds = make_ds()
     with strategy.scope():
@@ -107,12 +110,14 @@ def main():
   parser.add_argument("--iters", type=int, default=4)
   parser.add_argument("--batch", type=int, default=64, help="examples per worker")
   parser.add_argument("--scale", type=float, default=0.25)
+  parser.add_argument("--pack_mb", type=float, default=32,
+                      help="bucket size, ours (pack_bytes) and MWMS (bytes_per_pack)")
   parser.add_argument("--json", default=None)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.worker, args.scale, args.batch, args.iters, args.threads)
+    worker(args.worker, args.scale, args.batch, args.iters, args.threads, args.pack_mb)
     return
   counts = [int(w) for w in args.workers.split(",")]
   best = {}
@@ -121,7 +126,8 @@ def main():
       for variant in VARIANTS:
         result = common.run_job(
             "benchmarks.scaling", ["--worker", variant, "--scale", str(args.scale),
-                                   "--batch", str(args.batch), "--iters", str(args.iters)],
+                                   "--batch", str(args.batch), "--iters", str(args.iters),
+                                   "--pack_mb", str(args.pack_mb)],
             workers)
         key = f"{variant}, {workers} workers"
         best[key] = max(best.get(key, 0.0), result["examples_per_s"])
@@ -131,6 +137,7 @@ def main():
                 for key, value in best.items()}
   result = {"machine": common.machine(),
             "layers": _layers(args.scale), "batch_per_worker": args.batch,
+            "pack_mb": args.pack_mb,
             "examples_per_s (best of rounds)": best,
             "efficiency vs ours on 1 worker": efficiency}
   common.write_result(result, args.json)

@@ -9,6 +9,7 @@ and the ratios (absolute times on a shared machine are noise; ratios less so).
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -177,9 +178,12 @@ def main():
       "replicator, 1 replica, 50 steps/call": (replicator_variant(devices[:1], 50), 50),
   }
   best = {name: float("inf") for name in variants}
+  busy = {name: [] for name in variants}  # cores the process kept busy
   for _ in range(args.rounds):
     for name, (fn, per_call) in variants.items():
+      cpu, wall = time.process_time(), time.perf_counter()
       seconds = common.seconds_per_call(fn, max(1, args.steps // per_call))
+      busy[name].append((time.process_time() - cpu) / (time.perf_counter() - wall))
       best[name] = min(best[name], seconds / per_call)
   ms = {name: 1e3 * s for name, s in best.items()}
   ratios = {
@@ -199,7 +203,10 @@ def main():
   result = {"machine": common.machine(),
             "tensorflow": tf.__version__, "replicas": args.replicas,
             "threads (intra,inter)": args.threads or "TensorFlow's defaults",
-            "ms_per_step (best of rounds)": ms, "ratios": ratios}
+            "ms_per_step (best of rounds)": ms,
+            "cores busy (process CPU time / wall time, mean of rounds)":
+                {name: sum(b) / len(b) for name, b in busy.items()},
+            "ratios": ratios}
   common.write_result(result, args.json)
 
 
