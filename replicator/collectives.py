@@ -15,6 +15,8 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import nccl_ops
 
+from replicator import packing
+
 
 class ReduceOp(enum.Enum):
   """How values from different replicas are combined."""
@@ -105,34 +107,6 @@ def _dense(value):
   if isinstance(value, tf.IndexedSlices):
     return tf.convert_to_tensor(value)
   return value
-
-
-def _buckets(tensors: Sequence[tf.Tensor], pack_bytes: int) -> List[List[int]]:
-  """Groups tensor indices by dtype into buckets of at most `pack_bytes`.
-
-  Buckets are filled from the last tensor backwards and returned in that
-  order: gradients arrive last layer first, and collectives between workers
-  run one after another in the order they are built, so the first bucket on
-  the wire is the first one ready and it crosses while the backward pass goes
-  on (as PyTorch DDP and MultiWorkerMirroredStrategy order them). The
-  remainder bucket, the smallest, goes last.
-  """
-  by_dtype = {}
-  for index in reversed(range(len(tensors))):
-    by_dtype.setdefault(tensors[index].dtype, []).append(index)
-  buckets = []
-  for indices in by_dtype.values():
-    current, current_bytes = [], 0
-    for index in indices:
-      size = tensors[index].shape.num_elements()
-      nbytes = (size or 0) * tensors[index].dtype.size
-      if current and current_bytes + nbytes > pack_bytes:
-        buckets.append(current)
-        current, current_bytes = [], 0
-      current.append(index)
-      current_bytes += nbytes
-    buckets.append(current)
-  return buckets
 
 
 def _on_gpus(devices: Sequence[str]) -> bool:
@@ -243,31 +217,25 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
   results = [[None] * len(first) for _ in values]
   if op in (ReduceOp.SUM, ReduceOp.MEAN):
     packable = all(t.shape.is_fully_defined() for t in first)
-    groups = (_buckets(first, options.pack_bytes) if packable
+    groups = (packing.buckets(first, options.pack_bytes) if packable
               else [[i] for i in range(len(first))])
     for group in groups:
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None
       narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
+      layout = packing.Layout.of([first[i].shape for i in group], narrow or dtype)
       flat = []
       for replica, device in zip(values, devices):
         with tf.device(device):  # narrowed where it lives, so it travels narrow
-          flat.append(tf.concat([tf.reshape(narrowed(replica[i]), [-1]) for i in group], 0)
-                      if len(group) > 1 else narrowed(replica[group[0]]))
+          flat.append(packing.pack([narrowed(replica[i]) for i in group], layout))
       totals = _sum(flat, options, devices, workers)
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
-          # A compressed sum is split first, then widened piece by piece:
-          # the split moves half the bytes.
+          # A compressed sum is unpacked first, then widened piece by piece.
           wide = total.dtype == dtype
           if wide and op is ReduceOp.MEAN:
             total = total / tf.cast(num_replicas, dtype)
-          if len(group) > 1:
-            sizes = [first[i].shape.num_elements() for i in group]
-            pieces = [tf.reshape(p, first[i].shape)
-                      for p, i in zip(tf.split(total, sizes), group)]
-          else:
-            pieces = [total]
+          pieces = packing.unpack(total, layout)
           if not wide:
             pieces = [tf.cast(p, dtype) for p in pieces]
             if op is ReduceOp.MEAN:

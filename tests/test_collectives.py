@@ -103,6 +103,33 @@ def test_gradients_are_packed_into_buckets():
         np.testing.assert_allclose(got.numpy(), a + b, rtol=1e-6)
 
 
+@pytest.mark.parametrize("compression", list(replicator.Compression))
+@pytest.mark.parametrize("op", [replicator.ReduceOp.SUM, replicator.ReduceOp.MEAN])
+def test_large_tensors_come_back_as_aligned_slices_of_the_sum(compression, op):
+  """A bucket of large tensors is unpacked with slices that start on the 64-byte
+  alignment (so they share the sum's buffer), sizes that are not multiples of
+  it included, with the same numbers as one tensor at a time."""
+  rng = np.random.RandomState(4)
+  shapes = [(200, 301), (17,), (3, 33333), (20000,)]  # 90 KB a tensor in bf16
+  values = [[rng.randn(*s).astype(np.float32) for s in shapes] for _ in range(2)]
+  options = replicator.AllReduceOptions(compression=compression)
+  result, ops = _reduce_in_graph(values, options, op, count=("Slice", "Split", "SplitV"))
+  assert sorted({o.type for o in ops}) == ["Slice"] and len(ops) == 2 * len(shapes)
+  wire = compression.value or tf.float32
+  for slice_op in ops:
+    begin = int(tf.get_static_value(slice_op.inputs[1])[0])
+    assert begin * wire.size % 64 == 0
+  bound = {replicator.Compression.NONE: 1e-6, replicator.Compression.BF16: 1.5 * 2.0**-7,
+           replicator.Compression.FP16: 1.5 * 2.0**-10}[compression]
+  divisor = 2 if op is replicator.ReduceOp.MEAN else 1
+  for r in range(2):
+    for got, a, b in zip(result[r], values[0], values[1]):
+      assert got.shape == a.shape and got.dtype == tf.float32
+      want = (a.astype(np.float64) + b) / divisor
+      np.testing.assert_array_less(np.abs(got.numpy() - want),
+                                   bound * (np.abs(a) + np.abs(b)) / divisor + 1e-12)
+
+
 def test_buckets_cross_workers_last_layer_first():
   """Collectives between workers run in the order they are built, so the first
   bucket must hold the last tensors (the first gradients the backward pass
