@@ -103,16 +103,18 @@ def test_gradients_are_packed_into_buckets():
         np.testing.assert_allclose(got.numpy(), a + b, rtol=1e-6)
 
 
-@pytest.mark.parametrize("compression", list(replicator.Compression))
+@pytest.mark.parametrize("compression,sum_in_float32", [
+    (c, False) for c in replicator.Compression] + [(replicator.Compression.BF16, True)])
 @pytest.mark.parametrize("op", [replicator.ReduceOp.SUM, replicator.ReduceOp.MEAN])
-def test_large_tensors_come_back_as_aligned_slices_of_the_sum(compression, op):
+def test_large_tensors_come_back_as_aligned_slices_of_the_sum(compression, sum_in_float32, op):
   """A bucket of large tensors is unpacked with slices that start on the 64-byte
   alignment (so they share the sum's buffer), sizes that are not multiples of
   it included, with the same numbers as one tensor at a time."""
   rng = np.random.RandomState(4)
   shapes = [(200, 301), (17,), (3, 33333), (20000,)]  # 90 KB a tensor in bf16
   values = [[rng.randn(*s).astype(np.float32) for s in shapes] for _ in range(2)]
-  options = replicator.AllReduceOptions(compression=compression)
+  options = replicator.AllReduceOptions(compression=compression,
+                                        sum_in_float32=sum_in_float32)
   result, ops = _reduce_in_graph(values, options, op, count=("Slice", "Split", "SplitV"))
   assert sorted({o.type for o in ops}) == ["Slice"] and len(ops) == 2 * len(shapes)
   wire = compression.value or tf.float32
