@@ -100,7 +100,8 @@ def worker(variant: str, scale: float, iters: int, threads: int):
       return strategy.run(replica_fn)
     call = lambda: strategy.experimental_local_results(step())[0]
   # Untimed: the trace, the first rendezvous, and calls that still set up
-  # connections and buffers (the first 3 to 5 ran 1.5x to 4x slower).
+  # connections and buffers (in some jobs the first 3 to 5 ran 1.5x to 4x
+  # slower than the rest).
   seconds = common.median_seconds_per_call(call, iters, warmup=5)
   # Every worker started from worker 0's values (ours syncs them; MWMS too).
   expected = num_workers * sum(float(g[0]) for g in grads)

@@ -9,21 +9,21 @@ import time
 
 
 def machine() -> str:
-  """Host name, cores and CPU model: the same host name has been different CPUs."""
-  model, wide = platform.processor() or platform.machine(), ""
+  """Host name, cores and CPU (one host name has stood for several CPUs here)."""
   try:
     with open("/proc/cpuinfo") as f:
-      info = f.read()
-    names = [l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")]
-    fields = {l.split(":", 1)[0].strip(): l.split(":", 1)[1].strip()
-              for l in info.splitlines()[:30] if ":" in l}
-    model = names[0] if names else model
-    if "cpu family" in fields:
-      model += f" family {fields['cpu family']} model {fields.get('model', '?')}"
-    wide = ", AVX-512" if " avx512f " in f" {fields.get('flags', '')} " else ", no AVX-512"
+      first_cpu = f.read().split("\n\n")[0]
   except OSError:
-    pass
-  return f"{platform.node()} ({os.cpu_count()} cores, {model}{wide})"
+    first_cpu = ""
+  fields = {k.strip(): v.strip() for k, v in
+            (line.split(":", 1) for line in first_cpu.splitlines() if ":" in line)}
+  cpu = platform.machine()
+  if "model name" in fields:
+    cpu = (f"{fields['model name']} family {fields.get('cpu family', '?')} "
+           f"model {fields.get('model', '?')}")
+  if "flags" in fields:
+    cpu += ", AVX-512" if "avx512f" in fields["flags"].split() else ", no AVX-512"
+  return f"{platform.node()} ({os.cpu_count()} cores, {cpu})"
 
 
 def seconds_per_call(fn, calls: int, warmup: int = 1) -> float:

@@ -125,11 +125,18 @@ def scaling_section(r):
   eps = r["examples_per_s (best of rounds)"]
   eff = r["efficiency vs ours on 1 worker"]
   rows = [[k, f"{v:.0f}", f"{100 * eff[k]:.0f}%"] for k, v in eps.items()]
+  counts = sorted({int(k.split(", ")[1].split()[0]) for k in eps})
+  each = r.get("ours / MWMS (each round)", {})
+  versus = [[f"{w} workers", f"{eps[f'ours, {w} workers'] / eps[f'MWMS, {w} workers']:.2f}x",
+             (f"{min(each[f'{w} workers']):.2f}x - {max(each[f'{w} workers']):.2f}x"
+              if f"{w} workers" in each else "")]
+            for w in counts if f"MWMS, {w} workers" in eps]
   return "\n\n".join([
       "## 4. Scaling over local workers (model with ResNet-sized gradients, "
       f"batch {r['batch_per_worker']} per worker)",
       f"`{COMMANDS['scaling']}`",
       _table(rows, ["variant", "examples/s", "per-worker efficiency"]),
+      _table(versus, ["same W", "ours / MWMS examples/s, best of rounds", "round by round"]),
       "Target: >= 95% per-worker efficiency at 8 workers and not below MWMS. **Needs the "
       "16-core box**: on 2 cores, W workers share 2 cores, so the figures above only "
       "compare ours with MWMS at the same W."])

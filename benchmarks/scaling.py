@@ -120,8 +120,9 @@ def main():
     worker(args.worker, args.scale, args.batch, args.iters, args.threads, args.pack_mb)
     return
   counts = [int(w) for w in args.workers.split(",")]
-  best = {}
+  best, rounds = {}, []
   for _ in range(args.rounds):
+    rounds.append({})
     for workers in counts:
       for variant in VARIANTS:
         result = common.run_job(
@@ -131,6 +132,7 @@ def main():
             workers)
         key = f"{variant}, {workers} workers"
         best[key] = max(best.get(key, 0.0), result["examples_per_s"])
+        rounds[-1][key] = result["examples_per_s"]
         print(f"{key}: {result['examples_per_s']:.0f} examples/s", flush=True)
   single = best[f"ours, {counts[0]} workers"] / counts[0]
   efficiency = {key: value / (int(key.split(", ")[1].split()[0]) * single)
@@ -139,6 +141,10 @@ def main():
             "layers": _layers(args.scale), "batch_per_worker": args.batch,
             "pack_mb": args.pack_mb,
             "examples_per_s (best of rounds)": best,
+            "examples_per_s (each round)": rounds,
+            "ours / MWMS (each round)": {
+                f"{w} workers": [r[f"ours, {w} workers"] / r[f"MWMS, {w} workers"]
+                                 for r in rounds] for w in counts},
             "efficiency vs ours on 1 worker": efficiency}
   common.write_result(result, args.json)
 
