@@ -130,10 +130,11 @@ def _ratios(best, rounds, counts, variants):
     for variant in (v for v in variants if not v.startswith("MWMS")):
       mine = f"{variant}, {workers} workers"
       for base, which in bases.items():
-        if mwms(best, workers, which) is None:
+        base_ms = mwms(best, workers, which)
+        if base_ms is None:
           continue
         name = f"{workers} workers: {base} / {variant}"
-        ratios[name] = mwms(best, workers, which) / best[mine]
+        ratios[name] = base_ms / best[mine]
         per_round[name] = [mwms(r, workers, which) / r[mine] for r in rounds]
   return ratios, per_round
 
