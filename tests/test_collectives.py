@@ -10,6 +10,8 @@ from replicator import cluster
 from replicator import collectives
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
+# Relative rounding bound of each compression (half an ulp is 2**-8 / 2**-11).
+ROUNDING = {replicator.Compression.BF16: 2.0**-7, replicator.Compression.FP16: 2.0**-10}
 
 
 def per_replica_value(r, dtype, shape=(3, 2)):
@@ -121,8 +123,7 @@ def test_large_tensors_come_back_as_aligned_slices_of_the_sum(compression, sum_i
   for slice_op in ops:
     begin = int(tf.get_static_value(slice_op.inputs[1])[0])
     assert begin * wire.size % 64 == 0
-  bound = {replicator.Compression.NONE: 1e-6, replicator.Compression.BF16: 1.5 * 2.0**-7,
-           replicator.Compression.FP16: 1.5 * 2.0**-10}[compression]
+  bound = 1.5 * ROUNDING[compression] if compression in ROUNDING else 1e-6
   divisor = 2 if op is replicator.ReduceOp.MEAN else 1
   for r in range(2):
     for got, a, b in zip(result[r], values[0], values[1]):
@@ -166,8 +167,7 @@ def test_buckets_cross_workers_last_layer_first():
   assert [layers_feeding(op) for op in reductions] == [{3, 4}, {2}, {1}, {0}]
 
 
-@pytest.mark.parametrize("compression,bound", [
-    (replicator.Compression.BF16, 2.0**-7), (replicator.Compression.FP16, 2.0**-10)])
+@pytest.mark.parametrize("compression,bound", list(ROUNDING.items()))
 def test_compressed_all_reduce_error_is_bounded(compression, bound):
   rng = np.random.RandomState(1)
   values = [[rng.randn(1000).astype(np.float32)] for _ in range(2)]
@@ -196,8 +196,7 @@ def test_compressed_mean_of_a_packed_bucket(compression):
   averaged, concats = _reduce_in_graph([replica[:-1] for replica in values], options,
                                        replicator.ReduceOp.MEAN, count=("ConcatV2",))
   assert concats and all(op.outputs[0].dtype == compression.value for op in concats)
-  bound = {replicator.Compression.BF16: 2.0**-7,
-           replicator.Compression.FP16: 2.0**-10}[compression]
+  bound = ROUNDING[compression]
   for r in range(2):
     for got, a, b in zip(summed[r][:-1], values[0], values[1]):
       assert got.dtype == tf.float32 and got.shape == a.shape
@@ -211,8 +210,7 @@ def test_compressed_mean_of_a_packed_bucket(compression):
     np.testing.assert_array_equal(summed[r][-1], np.arange(3) * 6)
 
 
-@pytest.mark.parametrize("compression,bound", [
-    (replicator.Compression.BF16, 2.0**-7), (replicator.Compression.FP16, 2.0**-10)])
+@pytest.mark.parametrize("compression,bound", list(ROUNDING.items()))
 def test_sum_in_float32_rounds_each_value_once_and_never_the_sum(compression, bound):
   rng = np.random.RandomState(2)
   values = [[rng.randn(1000).astype(np.float32)] for _ in range(2)]
