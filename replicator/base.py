@@ -16,6 +16,7 @@ from replicator import cluster
 from replicator import collectives
 from replicator import context
 from replicator import keras_compat
+from replicator import nested_functions
 from replicator import optimizers
 from replicator import randomness
 from replicator import replica_ops
@@ -70,6 +71,7 @@ class Replicator:
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
     randomness.install()
+    nested_functions.install()
     keras_compat.install()
     if self._workers is not None:
       self._wait_for_workers()

@@ -100,6 +100,8 @@ class ReplicaGroup:
     self._arrivals = [None] * len(self.devices)
     self._results = [None] * len(self.devices)
     self._aborted = False
+    # (tf.function, local replica) -> (it, its copy); see nested_functions.
+    self.function_copies = {}
 
   @property
   def num_local(self) -> int:
@@ -108,6 +110,7 @@ class ReplicaGroup:
   def run(self, fn: Callable, args_per_replica: Sequence[Sequence[Any]],
           replica_scope: Callable[[int], Any]) -> List[Any]:
     """Returns `[fn(*args_per_replica[r]) for r in local replicas]`, traced."""
+    self.step_graph = tf.compat.v1.get_default_graph()
     if self.build_only:
       replica = ReplicaContext(self, 0)
       with _entered(replica), replica_scope(0):
@@ -170,6 +173,7 @@ class ReplicaGroup:
     self._paused.release()
 
   def collective(self, index: int, name: str, flat_values, merge):
+    _check_not_nested(name)
     if self.build_only:
       return merge([flat_values] * self.num_local)[0]
     self._arrivals[index] = ("collective", name, flat_values, merge)
@@ -184,6 +188,29 @@ class ReplicaGroup:
     self._aborted = True
     for event in self._resume:
       event.set()
+
+
+def _check_not_nested(name):
+  """Refuses a collective inside a `tf.function` that step_fn called.
+
+  Only XLA-compiled ones get that far (`nested_functions` inlines the
+  others): each replica traces its own copy into a graph of its own, and a
+  collective cannot join values from several graphs.
+  """
+  replica = current()
+  step_graph = getattr(replica.group, "step_graph", None) if replica else None
+  graph = tf.compat.v1.get_default_graph()
+  while graph is not None and graph is not step_graph:
+    # tf.cond and tf.while_loop bodies are FuncGraph subclasses
+    # (_check_same_graph names those); a tf.function's graph is a FuncGraph.
+    if type(graph) is tf.__internal__.FuncGraph:  # pylint: disable=unidiomatic-typecheck
+      raise NotImplementedError(
+          f"step_fn reached {name} inside a tf.function with jit_compile=True "
+          f"that it called ({graph.name!r}). An XLA computation runs on one "
+          "device, so it cannot hold a collective, an optimizer.apply or an "
+          "update of a replicated variable: compute in it (the forward and "
+          "backward pass), return the results, and do the update in step_fn.")
+    graph = getattr(graph, "outer_graph", None)
 
 
 def _check_same_graph(values, name):

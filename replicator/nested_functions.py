@@ -1,0 +1,44 @@
+"""A `tf.function` that step_fn calls is traced for each replica.
+
+`tf.function` keeps one trace per input signature, and nothing about the
+replica being traced is part of its key. Left alone, replica 1 would run the
+trace made for replica 0 (replica 0's copies of the variables; its updates
+would skip the replicas' aggregation), and every replica would run the trace
+made during the build-only first pass (collectives of one replica's values).
+So, while a replica is being traced:
+- a `tf.function` without `jit_compile` is traced inline, as if its decorator
+  were absent (run() compiles the whole step anyway): collectives, optimizer
+  updates and variable creation inside it behave as in step_fn itself;
+- a `tf.function(jit_compile=True)` keeps its function boundary (XLA needs
+  it) and gets a copy of its own per replica and per trace of the step.
+"""
+
+import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+from replicator import context
+
+_Function = polymorphic_function.Function
+_original_call = _Function.__call__
+
+
+def _call(function, *args, **kwargs):
+  replica = context.current()
+  if replica is None or function._run_functions_eagerly:  # pylint: disable=protected-access
+    return _original_call(function, *args, **kwargs)
+  if function._jit_compile:  # pylint: disable=protected-access
+    copies = replica.group.function_copies
+    key = (id(function), replica.index)
+    if key not in copies:  # the function is kept alive with its copy
+      copies[key] = (function, function._clone(None))  # pylint: disable=protected-access
+    return _original_call(copies[key][1], *args, **kwargs)
+  python_function = function.python_function
+  if function._autograph:  # pylint: disable=protected-access
+    python_function = tf.__internal__.autograph.tf_convert(
+        python_function, tf.__internal__.autograph.control_status_ctx())
+  return python_function(*args, **kwargs)
+
+
+def install():
+  """Routes calls of `tf.function`s through `_call` (idempotent)."""
+  _Function.__call__ = _call

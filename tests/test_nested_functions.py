@@ -1,0 +1,105 @@
+"""A `tf.function` that step_fn calls: traced for each replica, never shared."""
+
+import functools
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import catalogue
+import replicator
+
+
+def _train(name, wrap):
+  """4 steps of an MLP built on the first run; `wrap` decorates the step's body."""
+  tf.random.set_seed(0)
+  repl = catalogue.make(name)
+  with repl.context():
+    model = catalogue.mlp()
+    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+
+  def body(images, labels):  # the whole step: loss, gradients, apply
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels, model(images)))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                    model.trainable_variables)
+    return loss
+
+  body = wrap(body)
+  x, y = catalogue.classification_data()
+  out = repl.run(lambda batch: body(*batch), catalogue.input_fn_for(x, y, 32), steps=4)
+  repl.assert_replicas_in_sync(model.variables)
+  return [v.numpy() for v in model.variables], out.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_a_tf_function_around_the_whole_step_trains_as_without_it(name):
+  plain_variables, plain_loss = _train(name, lambda f: f)
+  variables, loss = _train(name, tf.function)
+  np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
+  for a, b in zip(variables, plain_variables):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_updates_and_collectives_inside_a_tf_function_are_aggregated(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  with repl.context():
+    v = tf.Variable(0.0)
+
+  @tf.function
+  def bump_and_sum(x):
+    v.assign(v + x)  # replicated float variable: the mean of the replicas' values
+    return repl.all_sum(x)
+
+  out = repl.run(lambda: bump_and_sum(tf.cast(repl.replica_id, tf.float32) + 1.0))
+  np.testing.assert_array_equal(out.numpy(), [n * (n + 1) / 2] * n)
+  np.testing.assert_allclose([c.numpy() for c in v.replicas], [(n + 1) / 2] * n)
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_an_xla_compiled_forward_and_backward_uses_each_replicas_variables(name):
+  results = []
+  for jit in (False, True):
+    tf.random.set_seed(0)
+    repl = catalogue.make(name)
+    with repl.context():
+      model = catalogue.mlp()
+      optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.1))
+    gradients = functools.partial(_loss_and_grads, model)
+    if jit:
+      gradients = tf.function(gradients, jit_compile=True)
+
+    def step_fn(batch, model=model, optimizer=optimizer, gradients=gradients):
+      loss, grads = gradients(*batch)
+      optimizer.apply(grads, model.trainable_variables)
+      return loss
+
+    x, y = catalogue.classification_data()
+    out = repl.run(step_fn, catalogue.input_fn_for(x, y, 32), steps=3)
+    repl.assert_replicas_in_sync(model.variables)
+    results.append(([v.numpy() for v in model.variables], out.numpy()))
+  np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5)
+  for a, b in zip(results[1][0], results[0][0]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _loss_and_grads(model, images, labels):
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels, model(images)))
+  return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def test_a_collective_inside_an_xla_function_is_refused_by_name():
+  repl = catalogue.make("multi_gpu_2")
+
+  @tf.function(jit_compile=True)
+  def total(x):
+    return repl.all_sum(x)
+
+  with pytest.raises(NotImplementedError, match="all_sum.*jit_compile=True.*'total'"):
+    repl.run(lambda: total(tf.constant(1.0)))
