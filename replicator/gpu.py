@@ -18,12 +18,24 @@ LOGICAL_CPUS_ENV = "REPLICATOR_LOGICAL_CPUS"  # set by `replicator.launch`
 class GpuReplicator(base.Replicator):
   """One replica on one device: the first GPU, else the CPU.
 
+  Args:
+    device: the device (default: the first GPU, else the CPU).
+    jit_compile: compile each step, the optimizer's update included, as one
+      XLA computation (`tf.function(jit_compile=True)`): fused kernels, static
+      shapes required. An op XLA cannot compile fails on the first `run`.
+      Several replicas cannot share one XLA computation (it runs on one
+      device), so `MultiGpuReplicator` has no such switch: there, compile
+      the model's forward and backward pass inside `step_fn` with
+      `tf.function(jit_compile=True)` and leave the optimizer outside.
+
   >>> repl = GpuReplicator(device="/cpu:0")
   >>> repl.num_replicas
   1
   """
 
-  def __init__(self, device: Optional[str] = None):
+  def __init__(self, device: Optional[str] = None, jit_compile: bool = False):
+    if not isinstance(jit_compile, bool):
+      raise TypeError(f"jit_compile: expected True or False, got {jit_compile!r}.")
     workers = mesh_lib.workers_in_tf_config()
     if workers > 1:
       raise ValueError(
@@ -33,7 +45,7 @@ class GpuReplicator(base.Replicator):
           "TF_CONFIG.")
     mesh = Mesh(devices=[device]) if device else Mesh(devices=Mesh.local().local_devices[:1])
     mesh.validate_local()
-    super().__init__(mesh)
+    super().__init__(mesh, jit_compile=jit_compile)
 
 
 class MultiGpuReplicator(base.Replicator):

@@ -154,3 +154,31 @@ def test_a_new_input_fn_each_call_restarts_the_data_and_warns(caplog):
     seen = [repl.run(step_fn, input_fn).numpy().tolist() for _ in range(3)]
   assert seen == [[0, 1], [2, 3], [4, 5]]
   assert "input_fn" not in caplog.text
+
+
+def test_gpu_replicator_jit_compile_trains_as_without_and_really_compiles():
+  x, y = catalogue.classification_data()
+  results = {}
+  for jit in (False, True):
+    tf.random.set_seed(0)
+    repl = replicator.GpuReplicator(device="/cpu:0", jit_compile=jit)
+    model, step_fn = _trainer(repl)  # variables created on the first run
+    out = repl.run(step_fn, catalogue.input_fn_for(x, y, 32), steps=4)
+    results[jit] = ([v.numpy() for v in model.variables], out["loss"].numpy())
+  for a, b in zip(results[True][0], results[False][0]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(results[True][1], results[False][1], rtol=1e-4)
+
+  # An op XLA cannot compile: runs without jit_compile, fails with it.
+  def host_step(value):
+    return tf.strings.to_number(tf.strings.as_string(value))
+  two = (tf.constant(2.0),)
+  plain = replicator.GpuReplicator(device="/cpu:0").run(host_step, args=two)
+  np.testing.assert_array_equal(plain.numpy(), [2.0])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="XLA|compil"):
+    replicator.GpuReplicator(device="/cpu:0", jit_compile=True).run(host_step, args=two)
+
+
+def test_gpu_replicator_jit_compile_must_be_a_bool():
+  with pytest.raises(TypeError, match="jit_compile.*'yes'"):
+    replicator.GpuReplicator(device="/cpu:0", jit_compile="yes")
