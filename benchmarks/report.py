@@ -25,6 +25,13 @@ COMMANDS = {
     "gan_step": "python -m benchmarks.gan_step --batch 64 --rounds 5",
     "checkpoint_roundtrip": "python -m benchmarks.checkpoint_roundtrip",
 }
+# Run on the device machine (benchmarks/DEVICE.md), not by `run_all`: their JSON comes
+# back from there into results/.
+DEVICE_COMMANDS = {
+    "resnet50": "python -m benchmarks.resnet50 --batch 128 --rounds 3",
+    "allreduce_box": "python -m benchmarks.allreduce --workers 2,4,8 --rounds 2",
+    "scaling_box": "python -m benchmarks.scaling --workers 1,2,4,8 --rounds 3 --iters 10",
+}
 
 
 def run_all(names):
@@ -84,7 +91,7 @@ def step_rate_section(r):
       ], ["ratio", "measured", "target", ""])])
 
 
-def allreduce_section(r):
+def allreduce_section(r, command=COMMANDS["allreduce"]):
   ms = r["ms_per_all_reduce (best of rounds)"]
   workers = sorted({int(k.rsplit(", ", 1)[1].split()[0]) for k in ms})
   variants = list(dict.fromkeys(k.rsplit(", ", 1)[0] for k in ms))
@@ -114,14 +121,14 @@ def allreduce_section(r):
   return "\n\n".join([
       f"## 3. All-reduce of a ResNet-50-like gradient set ({r['tensors']} tensors, "
       f"{r['megabytes_fp32']:.1f} MB in float32) across local worker processes",
-      f"`{COMMANDS['allreduce']}` (each worker process: cores / W intra-op threads; "
+      f"`{command}` (each worker process: cores / W intra-op threads; "
       "ms: worker 0's median call of 20, best of the rounds; MWMS `bytes_per_pack=0`, "
       "its default, is one pack of every tensor)",
       _table(rows, ["variant"] + [f"{w} workers, ms" for w in workers]),
       _table(checks, ["ratio", "best of rounds", "round by round", "target", ""])])
 
 
-def scaling_section(r):
+def scaling_section(r, command=COMMANDS["scaling"]):
   eps = r["examples_per_s (best of rounds)"]
   eff = r["efficiency vs ours on 1 worker"]
   rows = [[k, f"{v:.0f}", f"{100 * eff[k]:.0f}%"] for k, v in eps.items()]
@@ -134,12 +141,21 @@ def scaling_section(r):
   return "\n\n".join([
       "## 4. Scaling over local workers (model with ResNet-sized gradients, "
       f"batch {r['batch_per_worker']} per worker)",
-      f"`{COMMANDS['scaling']}`",
+      f"`{command}`",
       _table(rows, ["variant", "examples/s", "per-worker efficiency"]),
       _table(versus, ["same W", "ours / MWMS examples/s, best of rounds", "round by round"]),
-      "Target: >= 95% per-worker efficiency at 8 workers and not below MWMS. **Needs the "
-      "16-core box**: on 2 cores, W workers share 2 cores, so the figures above only "
-      "compare ours with MWMS at the same W."])
+      "Target: >= 95% per-worker efficiency at 8 workers and not below MWMS."
+      + (" **Needs the 16-core box**: here W workers share the cores one worker had, so "
+         "the figures above only compare ours with MWMS at the same W."
+         if _cores(r["machine"]) < 16 else "")])
+
+
+def _cores(machine: str) -> int:
+  """The core count in `common.machine()`'s "host (N cores, CPU)"."""
+  try:
+    return int(machine.split("(", 1)[1].split(" cores", 1)[0])
+  except (IndexError, ValueError):
+    return 0
 
 
 def gan_section(r):
@@ -168,6 +184,29 @@ def checkpoint_section(r):
              ["", "replicator.Checkpointer, s", "tf.train.Checkpoint, s", "ours / plain"])])
 
 
+def resnet50_section(r):
+  best = r["images_per_second (best of rounds)"]
+  rows = [[k, f"{v:.0f}"] for k, v in best.items()]
+  targets = {"GpuReplicator fp32 / Keras fp32": 1.0,
+             "GpuReplicator bf16 + XLA / Keras fp32": 2.0,
+             "Keras bf16 + XLA / Keras fp32": None}
+  checks = []
+  for name, target in targets.items():
+    if name not in r["ratios (best of rounds)"]:
+      continue
+    each = r["ratios (each round)"][name]
+    value = r["ratios (best of rounds)"][name]
+    checks.append([name, f"{value:.2f}x", f"{min(each):.2f}x - {max(each):.2f}x"]
+                  + ([f">= {target}x", _verdict(value, target)] if target
+                     else ["(Keras' own bf16 + XLA, for reference)", ""]))
+  return "\n\n".join([
+      f"## 6. ResNet-50 training on {r['device']} (batch {r['batch']}, "
+      f"{r['image_size']}x{r['image_size']}, synthetic data)",
+      f"`{DEVICE_COMMANDS['resnet50']}` on {r['machine']}, TensorFlow {r['tensorflow']}",
+      _table(rows, ["variant", "images/s (best of rounds)"]),
+      _table(checks, ["ratio", "best of rounds", "round by round", "target", ""])])
+
+
 def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
   sections = []
   machine = None
@@ -180,9 +219,20 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
       continue
     machine = machine or result.get("machine")
     sections.append(section(result))
-  sections.append(
-      "## 6. ResNet-50 on the H100 (GPU build)\n\nNot run: no device machine was lent "
-      "to the sessions that wrote these results. **Needs the GPU box.**")
+  for name, section in (("allreduce_box", allreduce_section),
+                        ("scaling_box", scaling_section)):
+    result = _load(name)
+    if result is not None:  # from the device machine (DEVICE.md)
+      sections.append(section(result, DEVICE_COMMANDS[name]).replace(
+          "\n\n", f" on {result['machine']}\n\n", 1))
+  resnet = _load("resnet50")
+  if resnet is not None and resnet.get("device") != "CPU":
+    sections.append(resnet50_section(resnet))
+  else:
+    sections.append(
+        "## 6. ResNet-50 on the H100 (GPU build)\n\nNot run: no device machine was "
+        "lent to the sessions that wrote these results. **Needs the GPU box**: "
+        f"`{DEVICE_COMMANDS['resnet50']}` there, as benchmarks/DEVICE.md says.")
   notes = ""
   if os.path.exists(notes_path):
     with open(notes_path) as f:
