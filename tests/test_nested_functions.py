@@ -43,6 +43,25 @@ def test_a_tf_function_around_the_whole_step_trains_as_without_it(name):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_run_of_a_decorated_step_fn_trains_as_the_undecorated_one(name):
+  results = []
+  for wrap in (lambda f: f, tf.function):
+    tf.random.set_seed(0)
+    repl = catalogue.make(name)
+    with repl.context():
+      model = catalogue.mlp()
+      optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+    x, y = catalogue.classification_data()
+    out = repl.run(wrap(catalogue.train_step(model, optimizer)),
+                   catalogue.input_fn_for(x, y, 32), steps=3)
+    repl.assert_replicas_in_sync(model.variables)  # diverged before the fix
+    results.append(([v.numpy() for v in model.variables], out.numpy()))
+  np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-6)
+  for a, b in zip(results[1][0], results[0][0]):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("name", catalogue.MULTI)
 def test_updates_and_collectives_inside_a_tf_function_are_aggregated(name):
   repl = catalogue.make(name)
