@@ -122,3 +122,15 @@ def test_a_collective_inside_an_xla_function_is_refused_by_name():
 
   with pytest.raises(NotImplementedError, match="all_sum.*jit_compile=True.*'total'"):
     repl.run(lambda: total(tf.constant(1.0)))
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_random_numbers_drawn_in_a_tf_function_differ_between_replicas(name):
+  tf.random.set_seed(0)
+  repl = catalogue.make(name)
+  noise = tf.function(lambda: tf.random.normal([4], seed=1))
+  out = repl.run(lambda: {"nested": noise(), "direct": tf.random.normal([4], seed=1)})
+  nested, direct = out["nested"].numpy(), out["direct"].numpy()
+  assert len({tuple(row) for row in nested}) == repl.num_replicas
+  if not name.startswith("tpu"):  # XLA ignores the seeds of stateful random ops
+    np.testing.assert_array_equal(nested, direct)  # as if drawn in step_fn itself
