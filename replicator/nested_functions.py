@@ -10,7 +10,9 @@ So, while a replica is being traced:
   were absent (run() compiles the whole step anyway): collectives, optimizer
   updates and variable creation inside it behave as in step_fn itself;
 - a `tf.function(jit_compile=True)` keeps its function boundary (XLA needs
-  it) and gets a copy of its own per replica and per trace of the step.
+  it) and gets a copy of its own per replica and per trace of the step; so
+  does one with `experimental_attributes` (Grappler's implementation selector
+  swaps such functions for their GPU versions, as Sonnet's LSTMs use).
 """
 
 import tensorflow as tf
@@ -26,7 +28,8 @@ def _call(function, *args, **kwargs):
   replica = context.current()
   if replica is None or function._run_functions_eagerly:  # pylint: disable=protected-access
     return _original_call(function, *args, **kwargs)
-  if function._jit_compile:  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  if function._jit_compile or function._attributes:
     copies = replica.group.function_copies
     key = (id(function), replica.index)
     if key not in copies:  # the function is kept alive with its copy

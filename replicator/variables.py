@@ -149,6 +149,12 @@ class ReplicatedVariable(tf.Variable):
   def __bool__(self):
     return bool(self.numpy())
 
+  def __tf_tracing_type__(self, signature_context):
+    """As a `tf.function` argument: this replica's copy (outside a step, the first)."""
+    spec = self._current.__tf_tracing_type__(signature_context)
+    return _CopySpec(spec.shape, spec.dtype, trainable=spec.trainable,
+                     alias_id=spec.alias_id)
+
   def sparse_read(self, indices, name=None):
     return self._current.sparse_read(indices, name=name)
 
@@ -313,6 +319,20 @@ tensor_conversion_registry.register_tensor_conversion_function(
     ReplicatedVariable,
     lambda var, dtype=None, name=None, as_ref=False: var._dense_var_to_tensor(  # pylint: disable=protected-access
         dtype=dtype, name=name, as_ref=as_ref))
+
+
+class _CopySpec(resource_variable_ops.VariableSpec):
+  """A `ReplicatedVariable` passed to a `tf.function`: its current copy goes in."""
+
+  def to_tensors(self, value):
+    return super().to_tensors(_copy(value))
+
+  def cast(self, value, casting_context):
+    return super().cast(_copy(value), casting_context)
+
+
+def _copy(value):
+  return value._current if isinstance(value, ReplicatedVariable) else value  # pylint: disable=protected-access
 
 
 class VariableFactory:
