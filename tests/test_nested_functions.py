@@ -136,58 +136,6 @@ def test_random_numbers_drawn_in_a_tf_function_differ_between_replicas(name):
     np.testing.assert_array_equal(nested, direct)  # as if drawn in step_fn itself
 
 
-def _lstm():
-  lstm = snt.UnrolledLSTM(4, w_i_init=snt.initializers.VarianceScaling(seed=1),
-                          w_h_init=snt.initializers.VarianceScaling(seed=2))
-  return lstm, snt.Linear(1, w_init=snt.initializers.VarianceScaling(seed=3))
-
-
-def _lstm_loss(lstm, head, batch):
-  outputs, _ = lstm(tf.transpose(batch, [1, 0, 2]), lstm.initial_state(batch.shape[0]))
-  return tf.reduce_mean(tf.square(head(outputs[-1]) - 1.0))
-
-
-@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
-def test_sonnet_unrolled_lstm_trains_as_plain_sonnet(name):
-  """Its step is a tf.function with `experimental_attributes` that takes the
-  variables as arguments. Oracle: plain Sonnet, one device, the whole batch,
-  compiled as the replicator compiles (XLA for the TPU emulation: Sonnet's
-  UnrolledLSTM itself trains differently with and without XLA)."""
-  sequences = np.random.RandomState(0).randn(8, 5, 3).astype(np.float32)
-  lstm, head = _lstm()
-  optimizer = snt.optimizers.SGD(0.1)
-
-  @tf.function(jit_compile=name.startswith("tpu"))
-  def plain_step(batch):
-    with tf.GradientTape() as tape:
-      loss = _lstm_loss(lstm, head, batch)
-    variables = lstm.trainable_variables + head.trainable_variables
-    optimizer.apply(tape.gradient(loss, variables), variables)
-    return loss
-  plain_losses = [float(plain_step(tf.constant(sequences))) for _ in range(3)]
-
-  repl = catalogue.make(name)
-  with repl.context():
-    r_lstm, r_head = _lstm()
-    r_optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.1))
-
-  def step_fn(batch):
-    with tf.GradientTape() as tape:
-      loss = _lstm_loss(r_lstm, r_head, batch)
-    variables = r_lstm.trainable_variables + r_head.trainable_variables
-    r_optimizer.apply(tape.gradient(loss, variables), variables)
-    return repl.all_mean(loss)
-
-  def input_fn(ctx):
-    return tf.data.Dataset.from_tensor_slices(sequences).repeat().batch(
-        ctx.per_replica_batch_size(8), drop_remainder=True)
-  losses = [float(repl.run(step_fn, input_fn)[0]) for _ in range(3)]
-  repl.assert_replicas_in_sync(r_lstm.variables)
-  np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
-  for a, b in zip(r_lstm.variables + r_head.variables, lstm.variables + head.variables):
-    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
-
-
 def test_a_replicated_variable_can_be_a_tf_function_argument():
   repl = catalogue.make("multi_gpu_2")
   with repl.context():
