@@ -52,9 +52,11 @@ def _plain(golden, jit_compile):
   return losses, [v.numpy() for v in module.trainable_variables]
 
 
-# The catalogue's replicators, and one step compiled whole with XLA.
+# The catalogue's replicators (4 replicas add nothing to 2 here, and the suite must
+# stay near 10 minutes on 2 cores), and one step compiled whole with XLA.
 REPLICATORS = dict(catalogue.REPLICATORS, gpu_xla=(
     lambda: replicator.GpuReplicator(device="/cpu:0", jit_compile=True), 1))
+del REPLICATORS["multi_gpu_4"]
 
 
 @pytest.mark.parametrize("replicator_name", sorted(REPLICATORS))
