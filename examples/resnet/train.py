@@ -68,6 +68,9 @@ def define_flags():
                     "GpuReplicator, MultiGpuReplicator or TpuReplicator.")
   flags.DEFINE_integer("num_cpu_devices", 1, "With no GPU: split the CPU into this many "
                        "logical devices (replicas for --replicator=multi_gpu).")
+  flags.DEFINE_bool("jit_compile", False, "Compile each step, update included, with XLA "
+                    "(--replicator=gpu: one XLA computation runs on one device; a TPU "
+                    "always compiles).")
   flags.DEFINE_string("tpu", None, "TPU name or address (default: TPU_NAME, "
                       "COLAB_TPU_ADDR, then the local TPU VM).")
   # Bookkeeping.
@@ -80,7 +83,13 @@ def define_flags():
   flags.DEFINE_integer("seed", 0, "Initialisation seed.")
 
 
-def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None):
+def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None,
+                    jit_compile: bool = False):
+  if jit_compile and kind != "gpu":
+    raise ValueError(
+        f"--jit_compile: needs --replicator=gpu, got --replicator={kind}. One XLA "
+        "computation runs on one device (and a TPU compiles every step anyway); on "
+        "several GPUs leave it off.")
   if num_cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
     replicator.testing.configure_logical_cpus(num_cpu_devices)
     # The logical devices share one CPU: each op gets its share of the cores, and
@@ -92,7 +101,7 @@ def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None):
         max(1, cores // num_cpu_devices))
     tf.config.threading.set_inter_op_parallelism_threads(num_cpu_devices)
   if kind == "gpu":
-    return replicator.GpuReplicator()
+    return replicator.GpuReplicator(jit_compile=jit_compile)
   if kind == "multi_gpu":
     return replicator.MultiGpuReplicator()
   return replicator.TpuReplicator(tpu=tpu)
@@ -274,7 +283,8 @@ def _write(writers, split, metrics, step):
 def main(argv):
   del argv
   tf.random.set_seed(FLAGS.seed)
-  repl = make_replicator(FLAGS.replicator, FLAGS.num_cpu_devices, FLAGS.tpu)
+  repl = make_replicator(FLAGS.replicator, FLAGS.num_cpu_devices, FLAGS.tpu,
+                         FLAGS.jit_compile)
   info = data.dataset_info(FLAGS.dataset, FLAGS.data_dir, FLAGS.image_size,
                            FLAGS.num_classes)
   steps_per_epoch = info.num_train_examples // FLAGS.global_batch_size

@@ -170,3 +170,20 @@ def test_eval_flip_averages_each_image_with_its_mirror():
   assert result["accuracy_flip"] == pytest.approx(
       np.mean(both.argmax(-1)[kept] == labels[kept]))
   assert result["accuracy_flip"] != result["accuracy"]  # the mirrors did count
+
+
+def test_jit_compile_trains_as_without_it_and_needs_the_gpu_replicator():
+  images, labels = _fixed_batches()
+  results = []
+  for jit_compile in (False, True):
+    tf.random.set_seed(0)
+    repl = train.make_replicator("gpu", jit_compile=jit_compile)
+    experiment = _experiment(repl)
+    out = repl.run(experiment.train_step, _input_fn(images, labels), steps=3)
+    results.append(([v.numpy() for v in experiment.model.variables], out["loss"].numpy()))
+    assert int(experiment.step.numpy()) == 3
+  np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-4)
+  for a, b in zip(results[1][0], results[0][0]):
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+  with pytest.raises(ValueError, match="--jit_compile.*--replicator=multi_gpu"):
+    train.make_replicator("multi_gpu", jit_compile=True)
