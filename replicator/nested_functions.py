@@ -12,7 +12,8 @@ So, while a replica is being traced:
 - a `tf.function(jit_compile=True)` keeps its function boundary (XLA needs
   it) and gets a copy of its own per replica and per trace of the step; so
   does one with `experimental_attributes` (Grappler's implementation selector
-  swaps such functions for their GPU versions, as Sonnet's LSTMs use).
+  swaps such functions for their GPU versions, as Sonnet's LSTMs use), and one
+  with an `input_signature` (which turns Python numbers into tensors).
 """
 
 import tensorflow as tf
@@ -29,7 +30,7 @@ def _call(function, *args, **kwargs):
   if replica is None or function._run_functions_eagerly:  # pylint: disable=protected-access
     return _original_call(function, *args, **kwargs)
   # pylint: disable-next=protected-access
-  if function._jit_compile or function._attributes:
+  if function._jit_compile or function._attributes or function.input_signature:
     copies = replica.group.function_copies
     key = (id(function), replica.index)
     if key not in copies:  # the function is kept alive with its copy

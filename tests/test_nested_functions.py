@@ -144,3 +144,17 @@ def test_a_replicated_variable_can_be_a_tf_function_argument():
   np.testing.assert_array_equal(scaled(v, 3.0).numpy(), [3.0, 6.0])  # eager: copy 0
   out = repl.run(lambda: scaled.get_concrete_function(v, 2.0)(v, 2.0))
   np.testing.assert_array_equal(out.numpy(), [[2.0, 4.0]] * 2)
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_a_tf_function_with_an_input_signature_gets_tensors_and_its_replica(name):
+  repl = catalogue.make(name)
+  with repl.context():
+    v = tf.Variable(1.5)
+
+  @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+  def scaled(k):  # k is a tensor even when given a Python number
+    return v * k + tf.cast(repl.replica_id, tf.float32) + k.shape.rank
+
+  out = repl.run(lambda: scaled(2))
+  np.testing.assert_array_equal(out.numpy(), 3.0 + np.arange(repl.num_replicas))
