@@ -17,12 +17,16 @@ So, while a replica is being traced:
 """
 
 import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import concrete_function
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 from replicator import context
+from replicator import variables
 
 _Function = polymorphic_function.Function
 _original_call = _Function.__call__
+_ConcreteFunction = concrete_function.ConcreteFunction
+_original_concrete_call = _ConcreteFunction.__call__
 
 
 def _call(function, *args, **kwargs):
@@ -43,6 +47,30 @@ def _call(function, *args, **kwargs):
   return python_function(*args, **kwargs)
 
 
+def _call_concrete(function, *args, **kwargs):
+  """Refuses a concrete function that holds another replica's copies.
+
+  One made outside the step (`f.get_concrete_function()`) has captured the
+  copies it was traced with (the first replica's, or every copy for an
+  update), so it cannot follow the replica that calls it.
+  """
+  replica = context.current()
+  if replica is not None:
+    for variable in function.variables:
+      index = variables.copy_index(variable)
+      if index is not None and index != replica.index:
+        name = function.name
+        name = name.decode() if isinstance(name, bytes) else name
+        raise ValueError(
+            f"step_fn called the concrete function {name!r}, which was "
+            f"traced with replica {index}'s copy of variable {variable.name!r}, "
+            f"on replica {replica.index}: a concrete function made outside the "
+            "step (get_concrete_function) keeps the copies it was traced with. "
+            "Call the tf.function itself inside step_fn.")
+  return _original_concrete_call(function, *args, **kwargs)
+
+
 def install():
-  """Routes calls of `tf.function`s through `_call` (idempotent)."""
+  """Routes calls of `tf.function`s and concrete functions here (idempotent)."""
   _Function.__call__ = _call
+  _ConcreteFunction.__call__ = _call_concrete

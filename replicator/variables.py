@@ -35,6 +35,15 @@ def is_component(variable) -> bool:
   return _components.get(id(variable)) is variable
 
 
+# id -> local replica index of each copy of a ReplicatedVariable.
+_copy_index = {}
+
+
+def copy_index(variable):
+  """The local replica a copy of a `ReplicatedVariable` belongs to (else None)."""
+  return _copy_index.get(id(variable)) if is_component(variable) else None
+
+
 @contextlib.contextmanager
 def replica_local():
   """Variables created inside are per-replica state, never synchronized.
@@ -80,6 +89,7 @@ class ReplicatedVariable(tf.Variable):
     self._sums_changes = (self._reduce_op is collectives.ReduceOp.SUM and
                           primary.synchronization == tf.VariableSynchronization.ON_READ)
     _components[id(primary)] = primary
+    _copy_index[id(primary)] = 0
 
   def _materialize(self):
     """Creates the copies of replicas 1.. from the (initialized) primary."""
@@ -93,6 +103,7 @@ class ReplicatedVariable(tf.Variable):
               shape=primary.shape,
               name=primary.name.split(":")[0] + "_replica")
         _components[id(copy)] = copy
+        _copy_index[id(copy)] = len(self._vars)
         self._vars.append(copy)
 
   def _should_act_as_resource_variable(self):

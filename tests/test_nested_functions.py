@@ -158,3 +158,15 @@ def test_a_tf_function_with_an_input_signature_gets_tensors_and_its_replica(name
 
   out = repl.run(lambda: scaled(2))
   np.testing.assert_array_equal(out.numpy(), 3.0 + np.arange(repl.num_replicas))
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_a_concrete_function_traced_outside_the_step_is_refused_by_name(name):
+  repl = catalogue.make(name)
+  with repl.context():
+    v = tf.Variable(1.0, name="counter")
+  bump = tf.function(lambda x: v.assign_add(x)).get_concrete_function(
+      tf.TensorSpec([], tf.float32))  # captures the copies outside any replica
+  with pytest.raises(ValueError, match="concrete function.*'counter.*tf.function itself"):
+    repl.run(lambda: bump(tf.constant(1.0)))
+  np.testing.assert_array_equal([c.numpy() for c in v.replicas], 1.0)  # nothing ran
