@@ -14,6 +14,9 @@ So, while a replica is being traced:
   does one with `experimental_attributes` (Grappler's implementation selector
   swaps such functions for their GPU versions, as Sonnet's LSTMs use), and one
   with an `input_signature` (which turns Python numbers into tensors).
+A concrete function made outside the step holds the copies it was traced with
+and cannot be retraced (it keeps no Python function): calling it in a step
+that would give it another replica's copies is an error.
 """
 
 import tensorflow as tf
