@@ -102,6 +102,7 @@ class ReplicaGroup:
     self._aborted = False
     # (tf.function, local replica) -> (it, its copy); see nested_functions.
     self.function_copies = {}
+    self.step_graph = None  # the graph `run` traces the replicas into
 
   @property
   def num_local(self) -> int:
@@ -198,7 +199,7 @@ def _check_not_nested(name):
   collective cannot join values from several graphs.
   """
   replica = current()
-  step_graph = getattr(replica.group, "step_graph", None) if replica else None
+  step_graph = replica.group.step_graph if replica else None
   graph = tf.compat.v1.get_default_graph()
   while graph is not None and graph is not step_graph:
     # tf.cond and tf.while_loop bodies are FuncGraph subclasses

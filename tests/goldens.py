@@ -46,12 +46,11 @@ def _tokens(batch, length=3, vocab=7):
   return np.random.RandomState(0).randint(0, vocab, [batch, length]).astype(np.int32)
 
 
-def _unroll(core):
-  def forward(module, x):  # batch-major in, time-major through the core
-    outputs, _ = snt.dynamic_unroll(module, tf.transpose(x, [1, 0, 2]),
-                                    module.initial_state(x.shape[0]))
-    return outputs
-  return forward
+def _unrolled(core, x):
+  """A recurrent core over batch-major `x` (time-major inside)."""
+  outputs, _ = snt.dynamic_unroll(core, tf.transpose(x, [1, 0, 2]),
+                                  core.initial_state(x.shape[0]))
+  return outputs
 
 
 GOLDENS = [
@@ -73,11 +72,11 @@ GOLDENS = [
     Golden("snt.Embed", lambda: snt.Embed(
         existing_vocab=np.random.RandomState(1).randn(7, 4).astype(np.float32)), _tokens),
     Golden("snt.LSTM", lambda: snt.LSTM(4, w_i_init=_vs(1), w_h_init=_vs(2)), _sequences,
-           _unroll(snt.LSTM)),
+           _unrolled),
     Golden("snt.GRU", lambda: snt.GRU(4, w_i_init=_vs(1), w_h_init=_vs(2)), _sequences,
-           _unroll(snt.GRU)),
+           _unrolled),
     Golden("snt.VanillaRNN", lambda: snt.VanillaRNN(4, w_i_init=_vs(1), w_h_init=_vs(2)),
-           _sequences, _unroll(snt.VanillaRNN)),
+           _sequences, _unrolled),
     # Its step is a tf.function with `experimental_attributes` taking the weights as
     # arguments. (It trains differently with and without XLA in plain Sonnet too.)
     Golden("snt.UnrolledLSTM", lambda: snt.UnrolledLSTM(4, w_i_init=_vs(1), w_h_init=_vs(2)),
