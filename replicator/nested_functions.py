@@ -19,7 +19,8 @@ and cannot be retraced (it keeps no Python function): calling it in a step
 that would give it another replica's copies is an error.
 """
 
-import tensorflow as tf
+from tensorflow.python.autograph.core import converter
+from tensorflow.python.autograph.impl import api as autograph_api
 from tensorflow.python.eager.polymorphic_function import concrete_function
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
@@ -43,11 +44,13 @@ def _call(function, *args, **kwargs):
     if key not in copies:  # the function is kept alive with its copy
       copies[key] = (function, function._clone(None))  # pylint: disable=protected-access
     return _original_call(copies[key][1], *args, **kwargs)
-  python_function = function.python_function
-  if function._autograph:  # pylint: disable=protected-access
-    python_function = tf.__internal__.autograph.tf_convert(
-        python_function, tf.__internal__.autograph.control_status_ctx())
-  return python_function(*args, **kwargs)
+  if not function._autograph:  # pylint: disable=protected-access
+    return function.python_function(*args, **kwargs)
+  # As tf.function itself traces with AutoGraph (user_requested: a method's
+  # weakly bound `self` is unwrapped as there).
+  return autograph_api.converted_call(
+      function.python_function, args, kwargs,
+      options=converter.ConversionOptions(recursive=True, user_requested=True))
 
 
 def _call_concrete(function, *args, **kwargs):

@@ -53,10 +53,23 @@ def _unrolled(core, x):
   return outputs
 
 
+class DecoratedCall(snt.Module):
+  """A module whose `__call__` is a `tf.function` and builds its variables on first call."""
+
+  def __init__(self):
+    super().__init__()
+    self.mlp = snt.nets.MLP([6, 3], w_init=_vs(1))
+
+  @tf.function
+  def __call__(self, x):
+    return self.mlp(x)
+
+
 GOLDENS = [
     Golden("snt.Linear", lambda: snt.Linear(3, w_init=_vs(1), b_init=_vs(2)), _vectors),
     Golden("snt.nets.MLP", lambda: snt.nets.MLP([6, 3], w_init=_vs(1), b_init=_vs(2)),
            _vectors),
+    Golden("tf.function __call__", DecoratedCall, _vectors),
     Golden("snt.Conv1D", lambda: snt.Conv1D(4, 3, w_init=_vs(1)), _sequences),
     Golden("snt.Conv2D", lambda: snt.Conv2D(4, 3, stride=2, w_init=_vs(1)), _images),
     Golden("snt.Conv2DTranspose", lambda: snt.Conv2DTranspose(2, 3, stride=2, w_init=_vs(1)),

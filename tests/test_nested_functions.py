@@ -170,3 +170,38 @@ def test_a_concrete_function_traced_outside_the_step_is_refused_by_name(name):
   with pytest.raises(ValueError, match="concrete function.*'counter.*tf.function itself"):
     repl.run(lambda: bump(tf.constant(1.0)))
   np.testing.assert_array_equal([c.numpy() for c in v.replicas], 1.0)  # nothing ran
+
+
+class Trainer(snt.Module):
+  """A train step written as a `tf.function` method, as in many research codebases."""
+
+  def __init__(self, repl):
+    super().__init__()
+    self.model = catalogue.mlp()
+    self.optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+
+  @tf.function
+  def train_step(self, batch):
+    images, labels = batch
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels, self.model(images)))
+    self.optimizer.apply(tape.gradient(loss, self.model.trainable_variables),
+                         self.model.trainable_variables)
+    return loss
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_a_decorated_train_step_method_trains_as_on_one_replica(name):
+  x, y = catalogue.classification_data()
+  results = []
+  for replicator_name in ("gpu", name):
+    tf.random.set_seed(0)
+    repl = catalogue.make(replicator_name)
+    with repl.context():
+      trainer = Trainer(repl)
+    out = repl.run(trainer.train_step, catalogue.input_fn_for(x, y, 32), steps=3)
+    repl.assert_replicas_in_sync(trainer.model.variables)
+    results.append([v.numpy() for v in trainer.model.variables])
+  for a, b in zip(results[1], results[0]):
+    assert catalogue.norm_relative(a, b) < 1e-5
