@@ -200,8 +200,9 @@ def _check_not_nested(name):
   """
   replica = current()
   step_graph = replica.group.step_graph if replica else None
-  graph = tf.compat.v1.get_default_graph()
-  while graph is not None and graph is not step_graph:
+  for graph in _graph_and_outers(tf.compat.v1.get_default_graph()):
+    if graph is step_graph:
+      return
     # tf.cond and tf.while_loop bodies are FuncGraph subclasses
     # (_check_same_graph names those); a tf.function's graph is a FuncGraph.
     if type(graph) is tf.__internal__.FuncGraph:  # pylint: disable=unidiomatic-typecheck
@@ -211,15 +212,17 @@ def _check_not_nested(name):
           "device, so it cannot hold a collective, an optimizer.apply or an "
           "update of a replicated variable: compute in it (the forward and "
           "backward pass), return the results, and do the update in step_fn.")
+
+
+def _graph_and_outers(graph):
+  """`graph`, then the graph it is nested in, and so on out."""
+  while graph is not None:
+    yield graph
     graph = getattr(graph, "outer_graph", None)
 
 
 def _check_same_graph(values, name):
-  graph = tf.compat.v1.get_default_graph()
-  outer = set()
-  while graph is not None:
-    outer.add(graph)
-    graph = getattr(graph, "outer_graph", None)
+  outer = set(_graph_and_outers(tf.compat.v1.get_default_graph()))
   for replica in values:
     for value in replica:
       if getattr(value, "graph", None) is not None and value.graph not in outer:
