@@ -168,7 +168,8 @@ class Replicator:
     """Runs `steps` steps of `step_fn` on every replica in one compiled call.
 
     Returns what `step_fn` returned on the last step, each leaf stacked over
-    this worker's replicas (leading axis in replica-id order). Raises
+    this worker's replicas (leading axis in replica-id order); `None` leaves,
+    and a step that returns nothing, come back as `None`. Raises
     `InputExhausted` when `input_fn`'s data ran out before `steps` steps.
     """
     self._check_open("run")

@@ -62,7 +62,8 @@ class CompiledStep:
     self._jit_compile = jit_compile
     self._workers = workers
     self._on_variables_created = on_variables_created or (lambda: None)
-    self._output_spec = None
+    self._output_spec = None  # step_fn's outputs, None leaves included
+    self._tensor_specs = None  # the leaves that are tensors, in flat order
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
@@ -79,8 +80,23 @@ class CompiledStep:
     if self._output_spec is None:
       self._build(args)
     if steps == 1:  # the common case, without the loop's per-call overhead
-      return self._single(iterator, tuple(args))
-    return self._loop(iterator, tf.constant(steps, tf.int64), tuple(args))
+      completed, tensors = self._single(iterator, tuple(args))
+    else:
+      completed, tensors = self._loop(iterator, tf.constant(steps, tf.int64),
+                                      tuple(args))
+    return completed, self._with_nones(tensors)
+
+  def _with_nones(self, tensors):
+    """step_fn's output structure, from the tensors the compiled step returns.
+
+    The compiled functions carry only the tensor leaves, so a step that returns
+    nothing (or a nest with `None` in it) runs as one that returns tensors.
+    """
+    tensors = iter(tensors)
+    return tf.nest.pack_sequence_as(
+        self._output_spec,
+        [None if spec is None else next(tensors)
+         for spec in tf.nest.flatten(self._output_spec)])
 
   def _group(self, build_only: bool) -> context.ReplicaGroup:
     return context.ReplicaGroup(self._devices, self._first_replica_id,
@@ -116,6 +132,8 @@ class CompiledStep:
     self._on_variables_created()
     self._output_spec = tf.nest.map_structure(_to_spec,
                                               concrete.structured_outputs)
+    self._tensor_specs = tuple(spec for spec in tf.nest.flatten(self._output_spec)
+                               if spec is not None)
 
   def _converted_in_function(self):
     step_fn = self._step_fn
@@ -131,8 +149,8 @@ class CompiledStep:
                    for b in batches]
     outputs = self._group(build_only=False).run(
         step_fn, per_replica, self._replica_scope(creating=False))
-    outputs = [check_outputs(o, self._step_fn) for o in outputs]
-    return tf.nest.map_structure(lambda *xs: tf.stack(xs), *outputs)
+    leaves = [tf.nest.flatten(check_outputs(o, self._step_fn)) for o in outputs]
+    return tuple(tf.stack(xs) for xs in zip(*leaves) if xs[0] is not None)
 
   def _initial_outputs(self):
     n = len(self._devices)
@@ -140,13 +158,12 @@ class CompiledStep:
     def zeros(spec):
       shape = [n] + [d if d is not None else 0 for d in spec.shape.as_list()]
       return tf.zeros(shape, spec.dtype)
-    return tf.nest.map_structure(zeros, self._output_spec)
+    return tuple(zeros(spec) for spec in self._tensor_specs)
 
   def _invariants(self):
     n = len(self._devices)
-    return tf.nest.map_structure(
-        lambda spec: tf.TensorShape([n]).concatenate(spec.shape),
-        self._output_spec)
+    return tuple(tf.TensorShape([n]).concatenate(spec.shape)
+                 for spec in self._tensor_specs)
 
   def _fetch(self, iterator):
     """Takes one element per local replica: `(optionals, ready)`.

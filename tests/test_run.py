@@ -96,6 +96,45 @@ def test_finite_input_stops_every_replica_at_the_same_step(name):
       first.numpy(), [sum(range(r * per_replica, (r + 1) * per_replica)) for r in range(n)])
 
 
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_a_step_that_returns_nothing_or_none_leaves(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+
+  def input_fn(ctx):  # 4 steps: every replica gets [i, i] at step i
+    return tf.data.Dataset.range(4).flat_map(
+        lambda i: tf.data.Dataset.from_tensors(tf.fill([2], i)).repeat(n))
+
+  with repl.context():
+    total = tf.Variable(0.0)
+
+  def update_only(batch):  # no return statement
+    total.assign_add(tf.cast(tf.reduce_sum(batch), tf.float32))
+
+  def with_none(batch):
+    total.assign_add(tf.cast(tf.reduce_sum(batch), tf.float32))
+    return {"nothing": None, "sum": tf.reduce_sum(batch), "pair": (None, repl.replica_id)}
+
+  assert repl.run(update_only, input_fn) is None
+  assert repl.run(update_only, input_fn, steps=1) is None
+  out = repl.run(with_none, input_fn, steps=1)
+  assert out["nothing"] is None and out["pair"][0] is None
+  np.testing.assert_array_equal(out["pair"][1].numpy(), np.arange(n))
+  np.testing.assert_array_equal(out["sum"].numpy(), [4] * n)  # batch [2, 2]
+  with pytest.raises(replicator.InputExhausted) as info:
+    repl.run(with_none, input_fn, steps=3)
+  assert info.value.steps_completed == 1 and info.value.outputs["nothing"] is None
+  np.testing.assert_array_equal(info.value.outputs["sum"].numpy(), [6] * n)
+  # Each step adds the mean over replicas of 2 * batch value: 0 + 2 + 4 + 6.
+  assert float(total) == 12.0
+  repl.assert_replicas_in_sync([total])
+  repl.reset_input(input_fn)
+  with pytest.raises(replicator.InputExhausted) as info:
+    repl.run(update_only, input_fn, steps=5)
+  assert info.value.steps_completed == 4 and info.value.outputs is None
+  assert float(total) == 24.0
+
+
 def test_step_functions_with_the_same_input_fn_share_one_stream():
   repl = catalogue.make("multi_gpu_2")
 
