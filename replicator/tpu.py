@@ -78,9 +78,15 @@ class TpuReplicator(base.Replicator):
         "version; use emulate_on_cpu=True.")
 
   def _check_dataset(self, dataset, input_fn):
+    name = getattr(input_fn, '__name__', input_fn)
     for spec in tf.nest.flatten(dataset.element_spec):
+      if not isinstance(spec, tf.TensorSpec) or spec.dtype in (tf.string, tf.variant):
+        raise ValueError(
+            f"input_fn: {name} gives {spec}; a TPU step takes dense numeric "
+            "tensors only. Decode strings, pad ragged values and densify sparse "
+            "ones inside input_fn (dataset.map), keeping only numbers.")
       if not spec.shape.is_fully_defined():
         raise ValueError(
-            f"input_fn: {getattr(input_fn, '__name__', input_fn)} gives "
-            f"elements of shape {spec.shape}; a TPU needs every dimension fixed. "
-            "Batch with drop_remainder=True and give images a fixed size.")
+            f"input_fn: {name} gives elements of shape {spec.shape}; a TPU "
+            "needs every dimension fixed. Batch with drop_remainder=True and "
+            "give images a fixed size.")

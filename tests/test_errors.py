@@ -109,6 +109,22 @@ def test_dataset_whose_element_structure_changes():
     repl.reset_input(input_fn)
 
 
+@pytest.mark.parametrize("dataset, match", [
+    (lambda: tf.data.Dataset.range(8).batch(2),
+     r"input_fn: .* shape \(None,\); a TPU needs every dimension fixed.*drop_remainder=True"),
+    (lambda: tf.data.Dataset.from_tensor_slices(["a", "bb"] * 4).batch(2, drop_remainder=True),
+     r"input_fn: .*dtype=tf.string.*dense numeric tensors only"),
+    (lambda: tf.data.Dataset.from_tensor_slices(
+        tf.ragged.constant([[1], [2, 3]] * 4)).batch(2, drop_remainder=True),
+     r"input_fn: .*RaggedTensorSpec.*dense numeric tensors only"),
+])
+def test_tpu_emulation_refuses_what_a_tpu_cannot_take(dataset, match):
+  repl = catalogue.make("tpu_emulated_2")
+  with pytest.raises(ValueError, match=match):
+    repl.run(lambda b: b, lambda ctx: dataset())
+  repl.run(lambda b: b * 2, lambda ctx: tf.data.Dataset.range(8).batch(2, drop_remainder=True))
+
+
 def test_gpu_replicator_under_a_multi_worker_tf_config():
   config = ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
             '"task": {"type": "worker", "index": 0}}')
