@@ -141,3 +141,56 @@ def test_sparse_gradients_from_an_embedding_lookup(name, make_optimizer):
       loss = tf.reduce_sum(tf.gather(oracle, indices))
     oracle_optimizer.apply([tf.convert_to_tensor(tape.gradient(loss, oracle))], [oracle])
   np.testing.assert_allclose(table.numpy(), oracle.numpy(), rtol=1e-6)
+
+# Keras 3 optimizer options that act on the gradients or on their own state.
+# Each must act on the reduced gradients, once per step, as on one device.
+KERAS_OPTIONS = {
+    "global_clipnorm": lambda: keras.optimizers.Adam(0.05, global_clipnorm=0.1),
+    "clipnorm": lambda: keras.optimizers.Adam(0.05, clipnorm=0.1),
+    "clipvalue": lambda: keras.optimizers.Adam(0.05, clipvalue=0.01),
+    "use_ema": lambda: keras.optimizers.Adam(0.05, use_ema=True,
+                                             ema_overwrite_frequency=2),
+    "gradient_accumulation_steps": lambda: keras.optimizers.Adam(
+        0.05, gradient_accumulation_steps=2),
+    "loss_scale": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.Adam(0.05), initial_scale=2.0 ** 10),
+    "schedule": lambda: keras.optimizers.SGD(
+        keras.optimizers.schedules.ExponentialDecay(0.5, 1, 0.5)),
+    "adamw": lambda: keras.optimizers.AdamW(0.05, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("option", sorted(KERAS_OPTIONS))
+def test_keras_optimizer_options_act_as_on_one_device(option):
+  x, y = catalogue.classification_data(num_examples=320)
+  make = KERAS_OPTIONS[option]
+
+  def train(model, optimizer, apply):
+    def step(features, labels):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels, model(features)))
+        scaled = (optimizer.scale_loss(loss) if option == "loss_scale" else loss)
+      apply(tape.gradient(scaled, model.trainable_variables),
+            model.trainable_variables)
+      return loss
+    return step
+
+  model, optimizer = catalogue.mlp(), make()
+  tf.function(model)(x[:1])  # built in a graph, as in a step: seeded draws as there
+  initial = [v.numpy() for v in model.variables]
+  oracle_step = tf.function(train(model, optimizer, optimizer.apply))
+  for i in range(5):
+    oracle_step(x[64 * i:64 * (i + 1)], y[64 * i:64 * (i + 1)])
+  oracle = [v.numpy() for v in model.variables]
+  assert min(catalogue.norm_relative(a, b) for a, b in zip(oracle, initial)) > 1e-3
+
+  repl = catalogue.make("multi_gpu_4")
+  with repl.context():
+    model, base = catalogue.mlp(), make()
+    optimizer = repl.wrap_optimizer(base)
+  step = train(model, base, optimizer.apply)
+  repl.run(lambda batch: step(*batch), catalogue.input_fn_for(x, y, 64), steps=5)
+  repl.assert_replicas_in_sync(list(model.variables) + list(base.variables))
+  for got, want in zip(model.variables, oracle):
+    assert catalogue.norm_relative(got.numpy(), want) < 1e-5, (option, got.name)
