@@ -236,7 +236,8 @@ class CompiledStep:
     if len(self._devices) < 2:
       return
     for variable in graph._watched_variables:  # pylint: disable=protected-access
-      if not variables.is_component(variable):
+      if not (variables.is_component(variable) or
+              isinstance(variable, variables.ReplicatedVariable)):  # a loaded function's
         raise ValueError(
             f"step_fn uses the variable {variable.name!r}, which was created "
             "outside every replicator context, so each replica would update "

@@ -14,6 +14,7 @@ import weakref
 from typing import Callable, List, Sequence
 
 import tensorflow as tf
+from tensorflow.python.eager import record
 from tensorflow.python.framework import tensor_conversion_registry
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
@@ -94,14 +95,23 @@ class ReplicatedVariable(tf.Variable):
   def _materialize(self):
     """Creates the copies of replicas 1.. from the (initialized) primary."""
     primary = self._vars[0]
+    name = primary.name.split(":")[0] + "_replica"
     with tf.init_scope():
-      value = primary.read_value()
+      # `tf.saved_model.load` creates variables without a value and restores
+      # them afterwards (through `_restore_from_tensors`, into every copy).
+      uninitialized = not bool(resource_variable_ops.var_is_initialized_op(
+          primary.handle))
+      value = None if uninitialized else primary.read_value()
       for device in self._devices[len(self._vars):]:
         with tf.device(device):
-          copy = resource_variable_ops.ResourceVariable(
-              value, trainable=primary.trainable, dtype=primary.dtype,
-              shape=primary.shape,
-              name=primary.name.split(":")[0] + "_replica")
+          if uninitialized:
+            copy = resource_variable_ops.UninitializedVariable(
+                trainable=primary.trainable, shape=primary.shape,
+                dtype=primary.dtype, name=name)
+          else:
+            copy = resource_variable_ops.ResourceVariable(
+                value, trainable=primary.trainable, dtype=primary.dtype,
+                shape=primary.shape, name=name)
         _components[id(copy)] = copy
         _copy_index[id(copy)] = len(self._vars)
         self._vars.append(copy)
@@ -324,6 +334,26 @@ class ReplicatedVariable(tf.Variable):
     object_map[self] = object_map[first]
     tensor_map[self] = tensor_map[first.handle]
     return resources
+
+  # `tf.saved_model.load` inside `repl.context()`: TensorFlow binds a loaded
+  # function's capture of a distributed variable to the variable itself, not
+  # to one handle, and its wrapper (`load._WrapperFunction`) reads `.handle` at
+  # each call: inside a step that is the calling replica's copy. Without it
+  # every replica would read, and differentiate, the first copy.
+  is_distributed_variable = True
+
+  def __tf_experimental_restore_capture__(self, concrete_function,
+                                          internal_capture):
+    concrete_function.graph.replace_capture(self, internal_capture)
+    record.record_operation("captured_value", [internal_capture], [self],
+                            backward_function=lambda x: [x],
+                            forward_function=lambda x: [x])
+    return self
+
+  def _write_object_proto(self, proto, options):
+    """A SavedModel holds it as one plain variable (the first copy's value)."""
+    resource_variable_ops.write_object_proto_for_resource_variable(
+        self, proto, options)
 
 
 tensor_conversion_registry.register_tensor_conversion_function(

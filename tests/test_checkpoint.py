@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import sonnet as snt
 import tensorflow as tf
 
@@ -105,3 +106,73 @@ def test_inputs_with_the_same_name_keep_separate_positions(tmp_path):
   checkpointer.restore_latest()
   np.testing.assert_array_equal(repl.run(lambda b: b, train).numpy(), [[6], [7]])
   np.testing.assert_array_equal(repl.run(lambda b: b, evaluate).numpy(), [[2], [3]])
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_4", "tpu_emulated_2"])
+def test_a_trained_model_exports_as_a_saved_model_of_plain_variables(name, tmp_path):
+  repl, model, optimizer, _, train = _trainer(name, tmp_path / "checkpoints")
+  train(3)
+  x = catalogue.classification_data()[0][:5]
+  want = model(x).numpy()  # outside a step: the (identical) copies' values
+
+  export = tf.Module()
+  export.model = model
+  export.optimizer = optimizer
+  export.predict = tf.function(model, input_signature=[tf.TensorSpec([None, 8])])
+  tf.saved_model.save(export, str(tmp_path / "exported"))
+
+  loaded = tf.saved_model.load(str(tmp_path / "exported"))
+  np.testing.assert_allclose(loaded.predict(x).numpy(), want, rtol=1e-6)
+  for layer, trained in zip(loaded.model._layers, model._layers):  # pylint: disable=protected-access
+    np.testing.assert_array_equal(layer.w.numpy(), trained.w.numpy())
+    np.testing.assert_array_equal(layer.b.numpy(), trained.b.numpy())
+  saved = [name for name, _ in tf.train.list_variables(
+      str(tmp_path / "exported" / "variables" / "variables"))
+           if name.endswith("VARIABLE_VALUE")]
+  assert len(saved) == len(model.variables) + len(optimizer.variables)  # one copy each
+
+
+def _export_mlp(directory):
+  model = catalogue.mlp()
+  export = tf.Module()
+  export.model = model
+  export.predict = tf.function(model, input_signature=[tf.TensorSpec([None, 8])])
+  export.predict(tf.zeros([1, 8]))
+  tf.saved_model.save(export, directory)
+
+
+def _fine_tune_step(loaded, optimizer):
+  parameters = [v for layer in loaded.model._layers for v in (layer.w, layer.b)]  # pylint: disable=protected-access
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          batch[1], loaded.predict(batch[0])))
+    optimizer.apply(tape.gradient(loss, parameters), parameters)
+    return loss
+  return step_fn, parameters
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_4", "tpu_emulated_2"])
+def test_a_saved_model_loaded_in_the_context_fine_tunes_as_on_one_device(name, tmp_path):
+  _export_mlp(str(tmp_path))
+  x, y = catalogue.classification_data()
+
+  plain = tf.saved_model.load(str(tmp_path))
+  step_fn, oracle = _fine_tune_step(plain, snt.optimizers.SGD(0.5))
+  step_fn = tf.function(step_fn)
+  for i in range(3):
+    step_fn((x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)]))
+
+  repl = catalogue.make(name)
+  with repl.context():
+    loaded = tf.saved_model.load(str(tmp_path))
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.5))
+  step_fn, parameters = _fine_tune_step(loaded, optimizer)
+  loss = repl.run(step_fn, catalogue.input_fn_for(x, y, 32), steps=3)
+  assert len(set(loss.numpy().tolist())) == repl.num_replicas  # each its own batch
+  repl.assert_replicas_in_sync(parameters)
+  for got, want in zip(parameters, oracle):
+    assert catalogue.norm_relative(got.numpy(), want.numpy()) < 1e-5, got.name
+  assert catalogue.norm_relative(parameters[0].numpy(),
+                                 tf.saved_model.load(str(tmp_path)).model._layers[0].w.numpy()) > 1e-3  # pylint: disable=protected-access
