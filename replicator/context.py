@@ -272,7 +272,8 @@ class InputExhausted(tf.errors.OutOfRangeError):
   def __init__(self, steps_completed: int, outputs=None):
     super().__init__(
         None, None,
-        f"The input ran out after {steps_completed} step(s) of this run() call; "
+        f"The input ran out after {steps_completed} step(s) of this run() call "
+        "(a step runs only when every replica has a batch, all of one size); "
         "call reset_input(input_fn) to start it again.")
     self.steps_completed = steps_completed
     self.outputs = outputs

@@ -46,6 +46,26 @@ def check_outputs(outputs, step_fn):
   return tf.nest.map_structure(check, outputs)
 
 
+def _batch_leaf(element_spec):
+  """`(index, static batch size or None)` of the first batched element leaf.
+
+  `(None, 0)` when no leaf has a batch dimension.
+  """
+  for index, spec in enumerate(tf.nest.flatten(element_spec)):
+    shape = getattr(spec, "shape", None)
+    if shape is not None and shape.rank:
+      return index, shape[0]
+  return None, 0
+
+
+def _batch_size(value) -> tf.Tensor:
+  if isinstance(value, tf.RaggedTensor):
+    return value.nrows(out_type=tf.int64)
+  if isinstance(value, tf.SparseTensor):
+    return value.dense_shape[0]
+  return tf.shape(value, out_type=tf.int64)[0]
+
+
 class CompiledStep:
   """The loop for one `(step_fn, input_fn)` pair on one replicator."""
 
@@ -168,14 +188,34 @@ class CompiledStep:
   def _fetch(self, iterator):
     """Takes one element per local replica: `(optionals, ready)`.
 
-    `ready` is true when every replica, on every worker, got a batch.
+    `ready` is true when every replica, on every worker, got a batch and all
+    those batches are the same size: the mean over replicas weights every
+    replica's batch alike, so a step with a short last batch on some replicas
+    would not be the step of one replica on the whole batch. Such a step does
+    not run; the input has run out. (Sizes are compared at run time only where
+    the batch size is not static; between workers always, in the one
+    collective that also says whether every worker got data, so that every
+    worker runs the same collectives whatever its dataset's shapes.)
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     ready = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
-    if self._workers is not None:  # a step runs only if every worker has data
-      with tf.device(self._devices[0]):
-        ready = collectives.across_workers(
-            tf.cast(ready, tf.int32), "Min", self._workers) > 0
+    leaf, static_size = _batch_leaf(iterator.element_spec)
+    if self._num_replicas == 1 or (self._workers is None and static_size is not None):
+      return optionals, ready
+    with tf.device(self._devices[0]):
+      if static_size is not None:
+        sizes = tf.constant([static_size], tf.int64)
+      else:
+        sizes = tf.stack([
+            tf.cond(o.has_value(),
+                    lambda o=o: _batch_size(tf.nest.flatten(o.get_value())[leaf]),
+                    lambda: tf.constant(-1, tf.int64))
+            for o in optionals])
+      # min over workers of (ready, smallest size, -largest size)
+      state = tf.stack([tf.cast(ready, tf.int64), tf.reduce_min(sizes),
+                        -tf.reduce_max(sizes)])
+      state = collectives.across_workers(state, "Min", self._workers)
+      ready = (state[0] > 0) & tf.equal(state[1], -state[2])
     return optionals, ready
 
   def _trace_single(self, iterator, args):

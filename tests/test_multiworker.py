@@ -84,8 +84,10 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
 
 
 @pytest.mark.slow
-def test_uneven_data_stops_every_worker_at_the_same_step(tmp_path):
-  code, log = _launch(tmp_path, "--uneven", "--steps", "10")
+@pytest.mark.parametrize("uneven", ["--uneven", "--short_last_step"])
+def test_uneven_data_stops_every_worker_at_the_same_step(tmp_path, uneven):
+  """Worker 1 runs out after 3 steps, or has half batches at step 4."""
+  code, log = _launch(tmp_path, uneven, "--steps", "10")
   assert code == 0, log
   results = _results(tmp_path)
   assert int(results[0]["steps"]) == int(results[1]["steps"]) == 3

@@ -135,6 +135,44 @@ def test_a_step_that_returns_nothing_or_none_leaves(name):
   assert float(total) == 24.0
 
 
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("short", ["one_replica", "every_replica"])
+def test_a_step_runs_only_on_batches_of_one_size(name, short):
+  """Batches without drop_remainder: a last step with some replicas' batches
+  short would weight them like full ones in the mean over replicas."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+
+  def size(i):  # step 3 (elements 2n .. 3n-1) is short on one or every replica
+    last = (i == 3 * n - 1) if short == "one_replica" else (i >= 2 * n)
+    return tf.where(last, 2, 4)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.range(3 * n).map(lambda i: tf.fill([size(i)], i))
+
+  with repl.context():
+    steps_taken = tf.Variable(0, dtype=tf.int64)
+
+  def step_fn(batch):
+    steps_taken.assign_add(1)
+    return tf.reduce_sum(batch)
+
+  runs_short_step = short == "every_replica" or n == 1
+  with pytest.raises(replicator.InputExhausted) as info:
+    repl.run(step_fn, input_fn, steps=5)
+  assert info.value.steps_completed == (3 if runs_short_step else 2)
+  assert int(steps_taken) == info.value.steps_completed
+  last = 2 * n + np.arange(n) if runs_short_step else n + np.arange(n)
+  want = [(2 if runs_short_step else 4) * i for i in last]
+  np.testing.assert_array_equal(info.value.outputs.numpy(), want)
+  repl.reset_input(input_fn)  # the same with one step per call
+  for _ in range(info.value.steps_completed):
+    repl.run(step_fn, input_fn)
+  with pytest.raises(replicator.InputExhausted):
+    repl.run(step_fn, input_fn)
+  assert int(steps_taken) == 2 * info.value.steps_completed
+
+
 def test_step_functions_with_the_same_input_fn_share_one_stream():
   repl = catalogue.make("multi_gpu_2")
 

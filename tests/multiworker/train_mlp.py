@@ -31,6 +31,9 @@ def main():
   parser.add_argument("--global_batch", type=int, default=32)
   parser.add_argument("--uneven", action="store_true",
                       help="give worker 1 fewer batches than worker 0")
+  parser.add_argument("--short_last_step", action="store_true",
+                      help="give worker 1 half batches at step 4 (worker 0 "
+                      "full ones; worker 1's batch size is not static)")
   args = parser.parse_args()
 
   repl = replicator.MultiGpuReplicator()
@@ -50,6 +53,14 @@ def main():
     ys = ys[:, ctx.input_pipeline_id].reshape(-1)
     if args.uneven and ctx.input_pipeline_id == 1:
       xs, ys = xs[:3 * per_worker], ys[:3 * per_worker]
+    if args.short_last_step and ctx.input_pipeline_id == 1:
+      full = tf.data.Dataset.from_tensor_slices(
+          (xs[:3 * per_worker], ys[:3 * per_worker]))
+      short = tf.data.Dataset.from_tensor_slices(
+          (xs[3 * per_worker:3 * per_worker + per_worker // 2],
+           ys[3 * per_worker:3 * per_worker + per_worker // 2]))
+      return full.batch(per_replica, drop_remainder=True).concatenate(
+          short.batch(per_replica // 2))
     ds = tf.data.Dataset.from_tensor_slices((xs, ys))
     return ds.batch(per_replica, drop_remainder=True)
 
