@@ -21,6 +21,7 @@ from replicator.context import InputContext
 from replicator.context import InputExhausted
 from replicator.gpu import GpuReplicator
 from replicator.gpu import MultiGpuReplicator
+from replicator.inputs import allow_uneven_batches
 from replicator.inputs import pad_to_global_batch
 from replicator.mesh import Mesh
 from replicator.optimizers import ReplicatedOptimizer
@@ -45,6 +46,7 @@ __all__ = (
     "Replicator",
     "TpuReplicator",
     "WorkerLost",
+    "allow_uneven_batches",
     "nn",
     "pad_to_global_batch",
     "testing",

@@ -15,6 +15,7 @@ import tensorflow as tf
 from replicator import cluster
 from replicator import collectives
 from replicator import context
+from replicator import inputs
 from replicator import keras_compat
 from replicator import nested_functions
 from replicator import optimizers
@@ -68,6 +69,7 @@ class Replicator:
     self._all_reduce = all_reduce
     self._factory = variables.VariableFactory(self._placement)
     self._inputs = {}  # input_fn -> (iterator, element_spec)
+    self._uneven_inputs = set()  # input_fns marked by allow_uneven_batches
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
     randomness.install()
@@ -189,11 +191,12 @@ class Replicator:
           first_replica_id=self._mesh.local_replica_ids[0],
           num_replicas=self.num_replicas, factory=self._factory,
           jit_compile=self._jit_compile, workers=self._workers,
-          on_variables_created=self._sync_new_variables)
+          on_variables_created=self._sync_new_variables,
+          uneven_batches=input_fn in self._uneven_inputs)
       self._steps[(step_fn, input_fn)] = compiled
       self._warn_if_input_fn_is_new_each_call(step_fn, input_fn)
     try:
-      completed, outputs = compiled(iterator, int(steps), args)
+      completed, outputs, status = compiled(iterator, int(steps), args)
     except tf.errors.OpError as error:
       if self._workers is None:
         raise
@@ -204,7 +207,16 @@ class Replicator:
       key = self._input_key(input_fn)
       self._consumed[key] = self._consumed.get(key, 0) + completed
     if completed < steps:
-      raise context.InputExhausted(completed, outputs if completed else None)
+      uneven = int(status) == steps_lib.UNEVEN
+      if uneven:
+        logging.warning(
+            "replicator: run(%s, %s) stopped after %d step(s): the next step's "
+            "batches were not all the same size on every replica. %s",
+            getattr(step_fn, "__name__", step_fn),
+            getattr(input_fn, "__name__", input_fn), completed,
+            context.UNEVEN_BATCHES_FIX)
+      raise context.InputExhausted(completed, outputs if completed else None,
+                                   uneven_batches=uneven)
     return outputs
 
   def _warn_if_input_fn_is_new_each_call(self, step_fn, input_fn):
@@ -293,6 +305,8 @@ class Replicator:
           f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
     self._check_dataset(dataset, input_fn)
+    if inputs.allows_uneven_batches(dataset):
+      self._uneven_inputs.add(input_fn)
     skip = self._skip.pop(self._input_key(input_fn), 0)
     if skip:  # resuming: each step took one element per local replica
       dataset = dataset.skip(skip * self.num_local_replicas)

@@ -260,6 +260,15 @@ class InputContext:
     return global_batch_size // self.num_replicas_in_sync
 
 
+UNEVEN_BATCHES_FIX = (
+    "A step runs only when every replica's batch is the same size (the mean "
+    "over replicas weights each alike). A dataset batched without "
+    "drop_remainder ends with a short batch: batch with drop_remainder=True "
+    "for training, or use replicator.pad_to_global_batch for evaluation. If "
+    "batch sizes vary on purpose, return replicator.allow_uneven_batches(ds) "
+    "from input_fn and weight the loss yourself.")
+
+
 class InputExhausted(tf.errors.OutOfRangeError):
   """The input ran out: every replica stopped after `steps_completed` steps.
 
@@ -267,13 +276,19 @@ class InputExhausted(tf.errors.OutOfRangeError):
     steps_completed: steps of this `run` call that ran before the input ended.
     outputs: what `step_fn` returned on the last completed step (None if no
       step ran).
+    uneven_batches: it stopped because the next step's batches were not all
+      the same size (see `replicator.allow_uneven_batches`).
   """
 
-  def __init__(self, steps_completed: int, outputs=None):
-    super().__init__(
-        None, None,
-        f"The input ran out after {steps_completed} step(s) of this run() call "
-        "(a step runs only when every replica has a batch, all of one size); "
-        "call reset_input(input_fn) to start it again.")
+  def __init__(self, steps_completed: int, outputs=None,
+               uneven_batches: bool = False):
+    message = (f"The input ran out after {steps_completed} step(s) of this "
+               "run() call; call reset_input(input_fn) to start it again.")
+    if uneven_batches:
+      message = (f"The input stopped after {steps_completed} step(s) of this "
+                 "run() call: the next step's batches were not all the same "
+                 f"size. {UNEVEN_BATCHES_FIX}")
+    super().__init__(None, None, message)
     self.steps_completed = steps_completed
     self.outputs = outputs
+    self.uneven_batches = uneven_batches

@@ -1,8 +1,9 @@
-"""Evaluation input that keeps its final partial batch: padding plus a mask.
+"""Inputs whose batches are not all full.
 
-A step runs only when every replica has a full batch, so a plain
-`ds.batch(b, drop_remainder=True)` loses the last examples of an evaluation
-set. `pad_to_global_batch` pads them instead and says which rows are real.
+A step runs only when every replica has a batch and all are one size, so a
+plain `ds.batch(b, drop_remainder=True)` loses the last examples of an
+evaluation set: `pad_to_global_batch` pads them instead and says which rows are
+real. `allow_uneven_batches` marks a dataset whose batch sizes vary on purpose.
 """
 
 import math
@@ -90,3 +91,28 @@ def pad_to_global_batch(dataset: tf.data.Dataset, ctx: InputContext,
                                    dataset.element_spec), tf.zeros([group]))
     padded = padded.concatenate(tf.data.Dataset.from_tensors(empty).repeat()).take(steps)
   return padded.unbatch().batch(per_replica, drop_remainder=True)
+
+
+_UNEVEN_MARK = "_replicator_allows_uneven_batches"
+
+
+def allow_uneven_batches(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """Lets steps run on per-replica batches of different sizes; returns `dataset`.
+
+  By default a step runs only when every replica's batch is the same size,
+  because the gradient mean over replicas weights every replica's batch
+  alike: with a short batch on one replica that is not the step of one
+  replica on the whole batch. Return `allow_uneven_batches(ds)` from
+  `input_fn` when sizes vary on purpose (batches bucketed by sequence length,
+  say) and weight the loss yourself: divide each replica's summed loss by the
+  global count, `repl.all_sum(count)`, and reduce gradients with
+  `wrap_optimizer(..., gradient_reduction=ReduceOp.SUM)`.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError(f"dataset: expected a tf.data.Dataset, got {dataset!r}.")
+  setattr(dataset, _UNEVEN_MARK, True)
+  return dataset
+
+
+def allows_uneven_batches(dataset: tf.data.Dataset) -> bool:
+  return getattr(dataset, _UNEVEN_MARK, False)

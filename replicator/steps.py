@@ -46,6 +46,17 @@ def check_outputs(outputs, step_fn):
   return tf.nest.map_structure(check, outputs)
 
 
+# Why a step did or did not run (`_fetch`'s status).
+READY = 1  # every replica has a batch, all one size
+OUT_OF_DATA = 0  # some replica, on some worker, has none
+UNEVEN = -1  # every replica has one, not all one size
+DONE = 2  # the loop ran the steps it was asked for
+
+
+def _status(value: int) -> tf.Tensor:
+  return tf.constant(value, tf.int64)
+
+
 def _batch_leaf(element_spec):
   """`(index, static batch size or None)` of the first batched element leaf.
 
@@ -72,8 +83,10 @@ class CompiledStep:
   def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
                first_replica_id: int, num_replicas: int,
                factory: variables.VariableFactory, jit_compile: bool,
-               workers=None, on_variables_created: Callable[[], None] = None):
+               workers=None, on_variables_created: Callable[[], None] = None,
+               uneven_batches: bool = False):
     self._step_fn = step_fn
+    self._uneven_batches = uneven_batches
     self._element_spec = element_spec
     self._devices = tuple(devices)
     self._first_replica_id = first_replica_id
@@ -100,11 +113,11 @@ class CompiledStep:
     if self._output_spec is None:
       self._build(args)
     if steps == 1:  # the common case, without the loop's per-call overhead
-      completed, tensors = self._single(iterator, tuple(args))
+      completed, tensors, status = self._single(iterator, tuple(args))
     else:
-      completed, tensors = self._loop(iterator, tf.constant(steps, tf.int64),
-                                      tuple(args))
-    return completed, self._with_nones(tensors)
+      completed, tensors, status = self._loop(
+          iterator, tf.constant(steps, tf.int64), tuple(args))
+    return completed, self._with_nones(tensors), status
 
   def _with_nones(self, tensors):
     """step_fn's output structure, from the tensors the compiled step returns.
@@ -186,22 +199,26 @@ class CompiledStep:
                  for spec in self._tensor_specs)
 
   def _fetch(self, iterator):
-    """Takes one element per local replica: `(optionals, ready)`.
+    """Takes one element per local replica: `(optionals, status)`.
 
-    `ready` is true when every replica, on every worker, got a batch and all
-    those batches are the same size: the mean over replicas weights every
-    replica's batch alike, so a step with a short last batch on some replicas
-    would not be the step of one replica on the whole batch. Such a step does
-    not run; the input has run out. (Sizes are compared at run time only where
-    the batch size is not static; between workers always, in the one
+    `status` is READY when every replica, on every worker, got a batch and
+    all those batches are the same size; else OUT_OF_DATA, or UNEVEN when
+    every replica got a batch but of different sizes. The mean over replicas
+    weights every replica's batch alike, so a step with a short last batch on
+    some replicas would not be the step of one replica on the whole batch:
+    such a step does not run, unless the input allows uneven batches
+    (`replicator.allow_uneven_batches`). Sizes are compared at run time only
+    where the batch size is not static; between workers always, in the one
     collective that also says whether every worker got data, so that every
-    worker runs the same collectives whatever its dataset's shapes.)
+    worker runs the same collectives whatever its dataset's shapes.
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
-    ready = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
+    got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
     leaf, static_size = _batch_leaf(iterator.element_spec)
+    if self._uneven_batches:
+      static_size = 0  # nothing to compare
     if self._num_replicas == 1 or (self._workers is None and static_size is not None):
-      return optionals, ready
+      return optionals, tf.where(got_all, _status(READY), _status(OUT_OF_DATA))
     with tf.device(self._devices[0]):
       if static_size is not None:
         sizes = tf.constant([static_size], tf.int64)
@@ -211,27 +228,30 @@ class CompiledStep:
                     lambda o=o: _batch_size(tf.nest.flatten(o.get_value())[leaf]),
                     lambda: tf.constant(-1, tf.int64))
             for o in optionals])
-      # min over workers of (ready, smallest size, -largest size)
-      state = tf.stack([tf.cast(ready, tf.int64), tf.reduce_min(sizes),
+      # min over workers of (got a batch, smallest size, -largest size)
+      state = tf.stack([tf.cast(got_all, tf.int64), tf.reduce_min(sizes),
                         -tf.reduce_max(sizes)])
       state = collectives.across_workers(state, "Min", self._workers)
-      ready = (state[0] > 0) & tf.equal(state[1], -state[2])
-    return optionals, ready
+      status = tf.where(
+          state[0] > 0,
+          tf.where(tf.equal(state[1], -state[2]), _status(READY), _status(UNEVEN)),
+          _status(OUT_OF_DATA))
+    return optionals, status
 
   def _trace_single(self, iterator, args):
     n = len(self._devices)
     if iterator is None:
       outputs = self._replicated_step([None] * n, args)
-      completed = tf.constant(1, tf.int64)
+      completed, status = tf.constant(1, tf.int64), _status(READY)
     else:
-      optionals, ready = self._fetch(iterator)
+      optionals, status = self._fetch(iterator)
       completed, outputs = tf.cond(
-          ready,
+          tf.equal(status, READY),
           lambda: (tf.constant(1, tf.int64), self._replicated_step(
               [(o.get_value(),) for o in optionals], args)),
           lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
     self._check_variables(tf.compat.v1.get_default_graph())
-    return completed, outputs
+    return completed, outputs, status
 
   def _trace_loop(self, iterator, steps, args):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
@@ -241,6 +261,8 @@ class CompiledStep:
     arrived and the step itself runs without a `cond` around it (a `cond`
     would switch every variable the step touches, on every replica, per step).
     They are fetched only if a next step is due, so no element is lost.
+    Returns `(completed, outputs, status)`: status is why the loop stopped
+    (READY when it ran every step).
     """
     n = len(self._devices)
     zero = tf.constant(0, tf.int64)
@@ -251,26 +273,27 @@ class CompiledStep:
           lambda i, _: (i + 1, self._replicated_step([None] * n, args)),
           (zero, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), invariants))
+      status = _status(READY)
     else:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
 
       def fetch_if_due(i):
         return tf.cond(i < steps, lambda: self._fetch(iterator),
-                       lambda: (empty, tf.constant(False)))
+                       lambda: (empty, _status(DONE)))
 
-      def body(i, optionals, unused_ready, unused_outputs):
+      def body(i, optionals, unused_status, unused_outputs):
         outputs = self._replicated_step([(o.get_value(),) for o in optionals], args)
-        optionals, ready = fetch_if_due(i + 1)
-        return i + 1, optionals, ready, outputs
+        optionals, status = fetch_if_due(i + 1)
+        return i + 1, optionals, status, outputs
 
-      optionals, ready = self._fetch(iterator)
-      completed, _, _, outputs = tf.while_loop(
-          lambda i, optionals, ready, outputs: ready, body,
-          (zero, optionals, ready, self._initial_outputs()),
+      optionals, status = self._fetch(iterator)
+      completed, _, status, outputs = tf.while_loop(
+          lambda i, optionals, status, outputs: tf.equal(status, READY), body,
+          (zero, optionals, status, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
                             tf.TensorShape([]), invariants))
     self._check_variables(tf.compat.v1.get_default_graph())
-    return completed, outputs
+    return completed, outputs, status
 
   def _check_variables(self, graph):
     if len(self._devices) < 2:

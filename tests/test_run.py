@@ -161,6 +161,9 @@ def test_a_step_runs_only_on_batches_of_one_size(name, short):
   with pytest.raises(replicator.InputExhausted) as info:
     repl.run(step_fn, input_fn, steps=5)
   assert info.value.steps_completed == (3 if runs_short_step else 2)
+  assert info.value.uneven_batches == (not runs_short_step)
+  if not runs_short_step:
+    assert "drop_remainder=True" in str(info.value)
   assert int(steps_taken) == info.value.steps_completed
   last = 2 * n + np.arange(n) if runs_short_step else n + np.arange(n)
   want = [(2 if runs_short_step else 4) * i for i in last]
@@ -171,6 +174,29 @@ def test_a_step_runs_only_on_batches_of_one_size(name, short):
   with pytest.raises(replicator.InputExhausted):
     repl.run(step_fn, input_fn)
   assert int(steps_taken) == 2 * info.value.steps_completed
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+def test_batches_of_different_sizes_run_where_the_input_allows_them(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+
+  def input_fn(ctx):  # replica r gets batches of r + 1 examples, 3 steps
+    return replicator.allow_uneven_batches(tf.data.Dataset.range(3 * n).map(
+        lambda i: tf.fill([i % n + 1], tf.cast(i, tf.float32))))
+
+  def step_fn(batch):  # each example's weight: 1 / the global count
+    return repl.all_sum(tf.reduce_sum(batch)) / repl.all_sum(
+        tf.cast(tf.size(batch), tf.float32))
+
+  with pytest.raises(replicator.InputExhausted) as info:
+    repl.run(step_fn, input_fn, steps=4)
+  assert info.value.steps_completed == 3 and not info.value.uneven_batches
+  examples = [np.full(i % n + 1, i) for i in range(2 * n, 3 * n)]
+  np.testing.assert_allclose(info.value.outputs.numpy(),
+                             [np.concatenate(examples).mean()] * n, rtol=1e-6)
+  with pytest.raises(TypeError, match="dataset: expected a tf.data.Dataset"):
+    replicator.allow_uneven_batches([1, 2])
 
 
 def test_step_functions_with_the_same_input_fn_share_one_stream():
