@@ -127,7 +127,27 @@ class ReplicatedVariable(tf.Variable):
   @property
   def _current(self) -> tf.Variable:
     replica = context.current()
-    return self._vars[replica.index if replica else 0]
+    if replica is None:
+      return self._vars[0]
+    if replica.group.devices == self._devices:
+      return self._vars[replica.index]
+    # A step of a replicator on other devices than the one that made the
+    # variable (evaluating on one device a model trained on several, say):
+    # the copies are identical, so any one reads right.
+    return self._vars[replica.index % len(self._vars)]
+
+  def _copy_to_write(self, replica) -> tf.Variable:
+    """This replica's copy, if the step runs on the variable's own devices."""
+    if replica.group.devices != self._devices:
+      raise ValueError(
+          f"A step on {len(replica.group.devices)} replica(s) "
+          f"({', '.join(replica.group.devices)}) updates the variable "
+          f"{self.name!r}, which was made for {len(self._devices)} replica(s) "
+          f"({', '.join(self._devices)}) by another replicator's context: only "
+          "some copies would change and they would drift apart. Create the "
+          "model (and optimizer) inside this replicator's context, or restore "
+          "a checkpoint into one made there; reading it (evaluation) is fine.")
+    return self._vars[replica.index]
 
   # Reads and identity: delegated to this replica's copy.
   name = property(lambda self: self._vars[0].name)
@@ -196,7 +216,7 @@ class ReplicatedVariable(tf.Variable):
     if replica is None:
       ops = [getattr(v, method)(value, **kwargs) for v in self._vars]
       return ops[0] if kwargs.get("read_value", True) else tf.group(ops)
-    copy = self._vars[replica.index]
+    copy = self._copy_to_write(replica)
     if not context.local_writes() and replica.group.num_replicas > 1:
       value = tf.convert_to_tensor(value, self.dtype)
       if method == "assign" and self._sums_changes:
@@ -226,9 +246,10 @@ class ReplicatedVariable(tf.Variable):
     replica = context.current()
     if replica is None:
       return outside([write(v, value) for v in self._vars])
+    copy = self._copy_to_write(replica)
     if not context.local_writes() and replica.group.num_replicas > 1:
       value = aggregate(replica, value)
-    return write(self._vars[replica.index], value)
+    return write(copy, value)
 
   def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
                             end_mask, ellipsis_mask, new_axis_mask,

@@ -64,6 +64,31 @@ def test_variable_created_outside_every_context_used_in_a_multi_replica_step():
     repl.run(lambda: stray * 2.0)
 
 
+@pytest.mark.parametrize("trained_on,used_on", [
+    ("multi_gpu_2", "gpu"), ("multi_gpu_2", "multi_gpu_4"), ("gpu", "multi_gpu_2")])
+def test_a_model_made_by_another_replicator_is_read_there_but_never_updated(
+    trained_on, used_on):
+  """Updating a model from a replicator on other devices would change some copies."""
+  x, y = catalogue.classification_data(num_examples=64)
+  owner = catalogue.make(trained_on)
+  with owner.context():
+    model = catalogue.mlp()
+    optimizer = owner.wrap_optimizer(snt.optimizers.SGD(0.1))
+  owner.run(catalogue.train_step(model, optimizer), catalogue.input_fn_for(x, y, 16))
+
+  other = catalogue.make(used_on)
+  n = other.num_replicas
+  logits = other.run(lambda: model(tf.constant(x[:4])))  # evaluation: every replica reads
+  np.testing.assert_allclose(logits.numpy(), [model(x[:4]).numpy()] * n, rtol=1e-6)
+  before = [v.numpy() for v in model.variables]
+  with pytest.raises(ValueError, match=r"updates the variable 'mlp/linear_\d/[wb]:0', which was "
+                     r"made for \d replica\(s\) .* by another replicator's context"):
+    other.run(catalogue.train_step(model, optimizer), catalogue.input_fn_for(x, y, 16))
+  for got, want in zip(model.variables, before):
+    np.testing.assert_array_equal(got.numpy(), want)
+  owner.assert_replicas_in_sync(model.variables)
+
+
 @pytest.mark.parametrize("devices,match", [
     (["/cpu:0", "CPU:0"], "appears twice"),
     (["/cpu:0", "/cpu:99"], "CPU:99.* is not a device of this process"),
