@@ -194,6 +194,29 @@ def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
   return out
 
 
+def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp) -> None:
+  """Raises for values `op` cannot reduce (checked on one replica too)."""
+  if op in (ReduceOp.SUM, ReduceOp.MEAN) and any(t.dtype == tf.bool for t in tensors):
+    raise TypeError(
+        f"op: ReduceOp.{op.name} of booleans; use ReduceOp.MAX (any replica) or "
+        "ReduceOp.MIN (every replica), or cast to a number first.")
+  if op is ReduceOp.MEAN and not all(t.dtype.is_floating or t.dtype.is_complex
+                                     for t in tensors):
+    bad = next(t for t in tensors if not (t.dtype.is_floating or t.dtype.is_complex))
+    raise TypeError(
+        f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
+        "first or use ReduceOp.SUM.")
+
+
+def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
+  """A replica's part of an all-gather: scalars become vectors of one."""
+  if part.shape.rank != 0:
+    return part
+  if axis not in (0, -1):
+    raise ValueError(f"axis: all_gather of scalars takes axis 0, got {axis}.")
+  return tf.reshape(part, [1])
+
+
 def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                devices: Sequence[str],
                options: AllReduceOptions = AllReduceOptions(),
@@ -208,12 +231,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
   first = values[0]
   if not first:
     return [[] for _ in values]
-  if op is ReduceOp.MEAN and not all(t.dtype.is_floating or t.dtype.is_complex
-                                     for t in first):
-    bad = next(t for t in first if not (t.dtype.is_floating or t.dtype.is_complex))
-    raise TypeError(
-        f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
-        "first or use ReduceOp.SUM.")
+  check_reducible(first, op)
   results = [[None] * len(first) for _ in values]
   if op in (ReduceOp.SUM, ReduceOp.MEAN):
     packable = all(t.shape.is_fully_defined() for t in first)
@@ -247,10 +265,16 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                          else (tf.minimum, "Min"))
     with tf.device(devices[0]):
       for index in range(len(first)):
+        boolean = first[index].dtype == tf.bool  # max: any, min: all
         total = values[0][index]
         for replica in values[1:]:
-          total = combine(total, replica[index])
-        total = across_workers(total, merge_op, workers)
+          total = combine(total, replica[index]) if not boolean else (
+              tf.logical_or if op is ReduceOp.MAX else tf.logical_and)(
+                  total, replica[index])
+        if boolean and workers is not None and workers.num_workers > 1:
+          total = across_workers(tf.cast(total, tf.int32), merge_op, workers) > 0
+        else:
+          total = across_workers(total, merge_op, workers)
         for r, spread in enumerate(_spread(total, devices)):
           results[r][index] = spread
   return results
@@ -260,12 +284,14 @@ def all_gather(values: List[List[tf.Tensor]], axis: int,
                devices: Sequence[str], workers=None) -> List[List[tf.Tensor]]:
   """Concatenates matching tensors of all replicas along `axis`, in replica order.
 
-  Across workers every worker's part must have the same shape.
+  Across workers every worker's part must have the same shape. Scalars are
+  gathered into a vector.
   """
   results = [[None] * len(values[0]) for _ in values]
   with tf.device(devices[0]):
     for index in range(len(values[0])):
-      gathered = tf.concat([_dense(r[index]) for r in values], axis=axis)
+      gathered = tf.concat([gather_part(_dense(r[index]), axis) for r in values],
+                           axis=axis)
       if workers is not None and workers.num_workers > 1:
         rank = gathered.shape.rank
         axis_index = axis % rank

@@ -26,7 +26,7 @@ def _flatten(value, method):
   return flat
 
 
-def _collective(method, value, merge_fn, grad_fn):
+def _collective(method, value, merge_fn, grad_fn, single_fn=lambda flat: flat):
   """Runs `merge_fn` over every replica's flat values; differentiable.
 
   The gradient of a collective is a collective of the upstream gradients
@@ -38,8 +38,8 @@ def _collective(method, value, merge_fn, grad_fn):
   flat = _flatten(value, method)
   if not flat:
     return value
-  if replica.group.num_replicas == 1:  # every collective is the identity
-    return tf.nest.pack_sequence_as(value, flat)
+  if replica.group.num_replicas == 1:  # the identity, checked and shaped as on N
+    return tf.nest.pack_sequence_as(value, single_fn(flat))
   name = f"{method} of {len(flat)} tensor(s)"
   merge = lambda values: merge_fn(values, replica.group)
 
@@ -89,19 +89,21 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
       f"{method}({op.name})", value,
       lambda values, group: collectives.all_reduce(
           values, op, group.devices, options, num_replicas=group.num_replicas,
-          workers=group.workers), grad)
+          workers=group.workers), grad,
+      lambda flat: collectives.check_reducible(flat, op) or flat)
 
 
 def all_gather(value, axis: int = 0):
   def grad(x, y, summed_dy, replica):
-    del x, y
+    del y
     parts = tf.split(summed_dy, replica.group.num_replicas, axis=axis)
-    return parts[replica.replica_id]
+    return tf.reshape(parts[replica.replica_id], tf.shape(x))  # scalars too
 
   return _collective(
       "all_gather", value,
       lambda values, group: collectives.all_gather(
-          values, axis, group.devices, workers=group.workers), grad)
+          values, axis, group.devices, workers=group.workers), grad,
+      lambda flat: [collectives.gather_part(t, axis) for t in flat])
 
 
 def broadcast(value, source_replica: int = 0):

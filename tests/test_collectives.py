@@ -273,3 +273,37 @@ def test_gradients_flow_through_collectives_as_on_one_device(name, kind):
   want = tape.gradient(total, v).numpy()
   for r in range(n):
     np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4", "tpu_emulated_2"])
+def test_scalars_and_booleans(name):
+  """all_gather of scalars is a vector; all_max / all_min of booleans are any / all."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  with repl.context():
+    w = tf.Variable(2.0)
+
+  def step_fn():
+    r = tf.cast(repl.replica_id, tf.float32)
+    with tf.GradientTape() as tape:
+      gathered = repl.all_gather(w * (r + 1.0))
+      loss = tf.reduce_sum(gathered * tf.range(1.0, n + 1.0))
+    last = tf.equal(repl.replica_id, n - 1)
+    return {"gathered": gathered, "grad": repl.all_mean(tape.gradient(loss, w)),
+            "any": repl.all_max(last), "all": repl.all_min(last),
+            "all_true": repl.all_min(tf.stack([tf.constant(True), last]))}
+
+  out = repl.run(step_fn)
+  ranks = np.arange(1.0, n + 1.0)
+  for r in range(n):
+    np.testing.assert_allclose(out["gathered"][r], 2.0 * ranks)
+    # every replica's loss is sum_r (r+1)^2 w: its gradient, as on one device
+    np.testing.assert_allclose(out["grad"][r], np.sum(ranks ** 2))
+  np.testing.assert_array_equal(out["any"], [True] * n)
+  np.testing.assert_array_equal(out["all"], [n == 1] * n)
+  np.testing.assert_array_equal(out["all_true"], [[True, n == 1]] * n)
+  assert out["any"].dtype == tf.bool
+  with pytest.raises(TypeError, match=r"op: ReduceOp.SUM of booleans; use ReduceOp.MAX"):
+    repl.run(lambda: repl.all_sum(tf.constant(True)))
+  with pytest.raises(ValueError, match="axis: all_gather of scalars takes axis 0, got 1"):
+    repl.run(lambda: repl.all_gather(tf.constant(1.0), axis=1))
