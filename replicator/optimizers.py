@@ -23,6 +23,20 @@ def _kind(optimizer) -> str:
       "it to repl.wrap_optimizer.")
 
 
+def _as_tf_variable(variable):
+  """A Keras 3 variable's TensorFlow variable, which a Sonnet optimizer can update.
+
+  Sonnet makes its slots with `variable_like`, which reads `.device`: a Keras 3
+  variable has none, so on its own a Sonnet optimizer cannot train a Keras layer
+  ("'Variable' object has no attribute 'device'").
+  """
+  if isinstance(variable, keras.Variable):
+    inner = getattr(variable, "_value", None)
+    if isinstance(inner, tf.Variable):
+      return inner
+  return variable
+
+
 class ReplicatedOptimizer(tf.Module):
   """Averages gradients over replicas, then applies the base optimizer once.
 
@@ -99,6 +113,8 @@ class ReplicatedOptimizer(tf.Module):
           f"updates/parameters: got {len(grads)} gradients for "
           f"{len(variables)} variables; pass one gradient (or None) per "
           "variable, e.g. tape.gradient(loss, variables).")
+    if self._kind == "sonnet":
+      variables = [_as_tf_variable(v) for v in variables]
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
     if not pairs:
       return None

@@ -194,3 +194,39 @@ def test_keras_optimizer_options_act_as_on_one_device(option):
   repl.assert_replicas_in_sync(list(model.variables) + list(base.variables))
   for got, want in zip(model.variables, oracle):
     assert catalogue.norm_relative(got.numpy(), want) < 1e-5, (option, got.name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_sonnet_optimizer_trains_a_keras_layer(name):
+  """On its own Sonnet cannot (its slots read `.device`, which Keras 3 variables lack)."""
+  x, y = catalogue.classification_data(num_examples=128)
+
+  def train(layer, optimizer, as_parameters, run):
+    def step_fn(batch):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            batch[1], layer(batch[0])))
+      grads = tape.gradient(loss, layer.trainable_variables)
+      optimizer.apply(grads, as_parameters(layer.trainable_variables))
+      return loss
+    run(step_fn)
+
+  def keras_layer():
+    return keras.layers.Dense(4, kernel_initializer=keras.initializers.GlorotUniform(seed=1))
+
+  oracle = keras_layer()
+  def run_plain(step_fn):
+    step_fn = tf.function(step_fn)
+    for i in range(4):
+      step_fn((x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)]))
+  # Without the library: the Keras variables' own tf.Variables, by hand.
+  train(oracle, snt.optimizers.Adam(0.05), lambda vs: [v._value for v in vs], run_plain)  # pylint: disable=protected-access
+
+  repl = catalogue.make(name)
+  with repl.context():
+    layer, optimizer = keras_layer(), repl.wrap_optimizer(snt.optimizers.Adam(0.05))
+  train(layer, optimizer, list, lambda step_fn: repl.run(
+      step_fn, catalogue.input_fn_for(x, y, 32), steps=4))
+  repl.assert_replicas_in_sync(list(layer.variables) + list(optimizer.variables))
+  for got, want in zip(layer.variables, oracle.variables):
+    assert catalogue.norm_relative(got.numpy(), want.numpy()) < 1e-5
