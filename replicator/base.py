@@ -175,6 +175,11 @@ class Replicator:
     `InputExhausted` when `input_fn`'s data ran out before `steps` steps.
     """
     self._check_open("run")
+    if not tf.executing_eagerly():
+      raise RuntimeError(
+          "run: called inside a tf.function (or a graph). run compiles the steps "
+          "itself and is called from plain Python: remove the tf.function around "
+          "it, and pass steps=k to run k steps in one compiled call.")
     if not callable(step_fn):
       raise TypeError(f"step_fn: expected a callable, got {step_fn!r}.")
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:

@@ -57,6 +57,12 @@ def test_run_after_shutdown():
     repl.run(lambda: tf.constant(1.0))
 
 
+def test_run_inside_a_tf_function():
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(RuntimeError, match="run: called inside a tf.function.*steps=k"):
+    tf.function(lambda: repl.run(lambda: tf.constant(1.0)))()
+
+
 def test_variable_created_outside_every_context_used_in_a_multi_replica_step():
   repl = catalogue.make("multi_gpu_2")
   stray = tf.Variable(1.0, name="stray_weight")
