@@ -57,6 +57,17 @@ def _status(value: int) -> tf.Tensor:
   return tf.constant(value, tf.int64)
 
 
+def _is_ready(status: tf.Tensor) -> tf.Tensor:
+  return status if status.dtype == tf.bool else tf.equal(status, READY)
+
+
+def _why_stopped(status: tf.Tensor) -> tf.Tensor:
+  """The status as an int64 (a bool status stops only when out of data)."""
+  if status.dtype == tf.bool:
+    return _status(OUT_OF_DATA)
+  return status
+
+
 def _batch_leaf(element_spec):
   """`(index, static batch size or None)` of the first batched element leaf.
 
@@ -198,10 +209,17 @@ class CompiledStep:
     return tuple(tf.TensorShape([n]).concatenate(spec.shape)
                  for spec in self._tensor_specs)
 
+  def _compares_sizes(self, element_spec) -> bool:
+    """Whether `_fetch` compares batch sizes (and returns an int64 status)."""
+    static_size = 0 if self._uneven_batches else _batch_leaf(element_spec)[1]
+    return self._num_replicas > 1 and (self._workers is not None or
+                                       static_size is None)
+
   def _fetch(self, iterator):
     """Takes one element per local replica: `(optionals, status)`.
 
-    `status` is READY when every replica, on every worker, got a batch and
+    Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
+    as can be in the loop. Elsewhere it is READY when every replica, on every worker, got a batch and
     all those batches are the same size; else OUT_OF_DATA, or UNEVEN when
     every replica got a batch but of different sizes. The mean over replicas
     weights every replica's batch alike, so a step with a short last batch on
@@ -214,11 +232,11 @@ class CompiledStep:
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
+    if not self._compares_sizes(iterator.element_spec):
+      return optionals, got_all  # a bool: the one way to stop is to run out
     leaf, static_size = _batch_leaf(iterator.element_spec)
     if self._uneven_batches:
       static_size = 0  # nothing to compare
-    if self._num_replicas == 1 or (self._workers is None and static_size is not None):
-      return optionals, tf.where(got_all, _status(READY), _status(OUT_OF_DATA))
     with tf.device(self._devices[0]):
       if static_size is not None:
         sizes = tf.constant([static_size], tf.int64)
@@ -246,12 +264,12 @@ class CompiledStep:
     else:
       optionals, status = self._fetch(iterator)
       completed, outputs = tf.cond(
-          tf.equal(status, READY),
+          _is_ready(status),
           lambda: (tf.constant(1, tf.int64), self._replicated_step(
               [(o.get_value(),) for o in optionals], args)),
           lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
     self._check_variables(tf.compat.v1.get_default_graph())
-    return completed, outputs, status
+    return completed, outputs, _why_stopped(status)
 
   def _trace_loop(self, iterator, steps, args):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
@@ -278,8 +296,10 @@ class CompiledStep:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
 
       def fetch_if_due(i):
+        done = (_status(DONE) if self._compares_sizes(iterator.element_spec)
+                else tf.constant(False))
         return tf.cond(i < steps, lambda: self._fetch(iterator),
-                       lambda: (empty, _status(DONE)))
+                       lambda: (empty, done))
 
       def body(i, optionals, unused_status, unused_outputs):
         outputs = self._replicated_step([(o.get_value(),) for o in optionals], args)
@@ -288,12 +308,12 @@ class CompiledStep:
 
       optionals, status = self._fetch(iterator)
       completed, _, status, outputs = tf.while_loop(
-          lambda i, optionals, status, outputs: tf.equal(status, READY), body,
+          lambda i, optionals, status, outputs: _is_ready(status), body,
           (zero, optionals, status, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
                             tf.TensorShape([]), invariants))
     self._check_variables(tf.compat.v1.get_default_graph())
-    return completed, outputs, status
+    return completed, outputs, _why_stopped(status)
 
   def _check_variables(self, graph):
     if len(self._devices) < 2:
