@@ -259,6 +259,29 @@ def test_a_new_input_fn_each_call_restarts_the_data_and_warns(caplog):
   assert "input_fn" not in caplog.text
 
 
+def test_python_numbers_that_change_in_args_warn_once(caplog):
+  repl = catalogue.make("multi_gpu_2")
+  traces = []
+
+  def step_fn(scale, training):
+    traces.append(1)
+    return tf.constant(2.0) * scale * (1.0 if training else 0.5)
+
+  with caplog.at_level("WARNING"):
+    repl.run(step_fn, args=(0.5, True))
+    repl.run(step_fn, args=(tf.constant(0.5), False))  # a tensor; a bool may change
+    np.testing.assert_allclose(repl.run(step_fn, args=(0.5, True)).numpy(), [1.0, 1.0])
+  assert "changed since the last call" not in caplog.text
+  before = len(traces)
+  with caplog.at_level("WARNING"):
+    for i in range(3):
+      out = repl.run(step_fn, args=(0.25 * i, True))
+  np.testing.assert_allclose(out.numpy(), [1.0, 1.0])
+  assert len(traces) > before  # each new number traced the step again
+  assert caplog.text.count("changed since the last call (") == 1
+  assert "args=(tf.constant(lr),)" in caplog.text
+
+
 def test_gpu_replicator_jit_compile_trains_as_without_and_really_compiles():
   x, y = catalogue.classification_data()
   results = {}
