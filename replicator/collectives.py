@@ -265,13 +265,15 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                          else (tf.minimum, "Min"))
     with tf.device(devices[0]):
       for index in range(len(first)):
-        boolean = first[index].dtype == tf.bool  # max: any, min: all
+        boolean = first[index].dtype == tf.bool
+        pairwise = combine
+        if boolean:  # max: any replica, min: every replica
+          pairwise = tf.logical_or if op is ReduceOp.MAX else tf.logical_and
         total = values[0][index]
         for replica in values[1:]:
-          total = combine(total, replica[index]) if not boolean else (
-              tf.logical_or if op is ReduceOp.MAX else tf.logical_and)(
-                  total, replica[index])
+          total = pairwise(total, replica[index])
         if boolean and workers is not None and workers.num_workers > 1:
+          # collectives take no booleans: 0/1 integers between workers
           total = across_workers(tf.cast(total, tf.int32), merge_op, workers) > 0
         else:
           total = across_workers(total, merge_op, workers)

@@ -78,6 +78,10 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
                method: str = "all_reduce"):
   op = collectives.check_reduce_op(op)
 
+  def single(flat):  # one replica: the identity, after N replicas' checks
+    collectives.check_reducible(flat, op)
+    return flat
+
   def grad(x, y, summed_dy, replica):
     if op is collectives.ReduceOp.SUM:
       return summed_dy
@@ -89,8 +93,7 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
       f"{method}({op.name})", value,
       lambda values, group: collectives.all_reduce(
           values, op, group.devices, options, num_replicas=group.num_replicas,
-          workers=group.workers), grad,
-      lambda flat: collectives.check_reducible(flat, op) or flat)
+          workers=group.workers), grad, single)
 
 
 def all_gather(value, axis: int = 0):

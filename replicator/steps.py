@@ -209,34 +209,42 @@ class CompiledStep:
     return tuple(tf.TensorShape([n]).concatenate(spec.shape)
                  for spec in self._tensor_specs)
 
-  def _compares_sizes(self, element_spec) -> bool:
-    """Whether `_fetch` compares batch sizes (and returns an int64 status)."""
-    static_size = 0 if self._uneven_batches else _batch_leaf(element_spec)[1]
-    return self._num_replicas > 1 and (self._workers is not None or
-                                       static_size is None)
+  def _sizes_to_compare(self, element_spec):
+    """`(leaf, static batch size or None)` whose size `_fetch` compares.
+
+    None where it compares none (one replica, or one worker with a static batch
+    size): `_fetch`'s status is then a bool. With `allow_uneven_batches` the
+    size counts as static (0) and only workers' data is compared.
+    """
+    leaf, static_size = _batch_leaf(element_spec)
+    if self._uneven_batches:
+      static_size = 0
+    if self._num_replicas == 1 or (self._workers is None and static_size is not None):
+      return None
+    return leaf, static_size
 
   def _fetch(self, iterator):
     """Takes one element per local replica: `(optionals, status)`.
 
     Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
-    as can be in the loop. Elsewhere it is READY when every replica, on every worker, got a batch and
-    all those batches are the same size; else OUT_OF_DATA, or UNEVEN when
-    every replica got a batch but of different sizes. The mean over replicas
-    weights every replica's batch alike, so a step with a short last batch on
-    some replicas would not be the step of one replica on the whole batch:
-    such a step does not run, unless the input allows uneven batches
-    (`replicator.allow_uneven_batches`). Sizes are compared at run time only
-    where the batch size is not static; between workers always, in the one
-    collective that also says whether every worker got data, so that every
-    worker runs the same collectives whatever its dataset's shapes.
+    as can be in the loop. Elsewhere it is READY when every replica, on every
+    worker, got a batch and all those batches are the same size; else
+    OUT_OF_DATA, or UNEVEN when every replica got a batch but of different
+    sizes. The mean over replicas weights every replica's batch alike, so a
+    step with a short last batch on some replicas would not be the step of one
+    replica on the whole batch: such a step does not run, unless the input
+    allows uneven batches (`replicator.allow_uneven_batches`). Sizes are
+    compared at run time only where the batch size is not static; between
+    workers always, in the one collective that also says whether every worker
+    got data, so that every worker runs the same collectives whatever its
+    dataset's shapes.
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
-    if not self._compares_sizes(iterator.element_spec):
+    compared = self._sizes_to_compare(iterator.element_spec)
+    if compared is None:
       return optionals, got_all  # a bool: the one way to stop is to run out
-    leaf, static_size = _batch_leaf(iterator.element_spec)
-    if self._uneven_batches:
-      static_size = 0  # nothing to compare
+    leaf, static_size = compared
     with tf.device(self._devices[0]):
       if static_size is not None:
         sizes = tf.constant([static_size], tf.int64)
@@ -296,8 +304,9 @@ class CompiledStep:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
 
       def fetch_if_due(i):
-        done = (_status(DONE) if self._compares_sizes(iterator.element_spec)
-                else tf.constant(False))
+        done = (tf.constant(False)
+                if self._sizes_to_compare(iterator.element_spec) is None
+                else _status(DONE))
         return tf.cond(i < steps, lambda: self._fetch(iterator),
                        lambda: (empty, done))
 
@@ -319,8 +328,9 @@ class CompiledStep:
     if len(self._devices) < 2:
       return
     for variable in graph._watched_variables:  # pylint: disable=protected-access
+      # (a function loaded from a SavedModel watches the ReplicatedVariable itself)
       if not (variables.is_component(variable) or
-              isinstance(variable, variables.ReplicatedVariable)):  # a loaded function's
+              isinstance(variable, variables.ReplicatedVariable)):
         raise ValueError(
             f"step_fn uses the variable {variable.name!r}, which was created "
             "outside every replicator context, so each replica would update "

@@ -129,11 +129,9 @@ class ReplicatedVariable(tf.Variable):
     replica = context.current()
     if replica is None:
       return self._vars[0]
-    if replica.group.devices == self._devices:
-      return self._vars[replica.index]
-    # A step of a replicator on other devices than the one that made the
-    # variable (evaluating on one device a model trained on several, say):
-    # the copies are identical, so any one reads right.
+    # `% copies` serves a step of a replicator on other devices than the one
+    # that made the variable (evaluating on one device a model trained on
+    # several, say): the copies are identical, so any one reads right.
     return self._vars[replica.index % len(self._vars)]
 
   def _copy_to_write(self, replica) -> tf.Variable:
