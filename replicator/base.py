@@ -200,7 +200,6 @@ class Replicator:
           uneven_batches=input_fn in self._uneven_inputs)
       self._steps[(step_fn, input_fn)] = compiled
       self._warn_if_input_fn_is_new_each_call(step_fn, input_fn)
-    self._warn_if_python_args_change(compiled, step_fn, args)
     try:
       completed, outputs, status = compiled(iterator, int(steps), args)
     except tf.errors.OpError as error:
@@ -224,27 +223,6 @@ class Replicator:
       raise context.InputExhausted(completed, outputs if completed else None,
                                    uneven_batches=uneven)
     return outputs
-
-  def _warn_if_python_args_change(self, compiled, step_fn, args):
-    """Python numbers in `args` are compiled in: a new value compiles again."""
-    numbers = tuple(
-        leaf if isinstance(leaf, (int, float, np.number))
-        and not isinstance(leaf, (bool, np.bool_)) else None
-        for leaf in tf.nest.flatten(args))
-    previous = getattr(compiled, "python_numbers", None)
-    compiled.python_numbers = numbers
-    if (previous is None or len(previous) != len(numbers) or
-        getattr(compiled, "warned_python_numbers", False) or
-        not any(a is not None and b is not None and a != b
-                for a, b in zip(previous, numbers))):
-      return
-    compiled.warned_python_numbers = True
-    logging.warning(
-        "replicator: run(%s, args=...) got Python numbers that changed since the "
-        "last call (%s -> %s). A Python number is compiled into the step, so each "
-        "new value compiles it again (seconds each time); pass values that change "
-        "from call to call as tensors, e.g. args=(tf.constant(lr),).",
-        getattr(step_fn, "__name__", step_fn), previous, numbers)
 
   def _warn_if_input_fn_is_new_each_call(self, step_fn, input_fn):
     """A new `input_fn` object per call restarts the data: say so, once."""

@@ -9,8 +9,10 @@ is an error.
 """
 
 import contextlib
+import logging
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.autograph.core import config as autograph_config
 
@@ -106,6 +108,8 @@ class CompiledStep:
     self._jit_compile = jit_compile
     self._workers = workers
     self._on_variables_created = on_variables_created or (lambda: None)
+    self._python_numbers = None  # the Python numbers in the last call's args
+    self._warned_python_numbers = False
     self._output_spec = None  # step_fn's outputs, None leaves included
     self._tensor_specs = None  # the leaves that are tensors, in flat order
     self._loop = tf.function(self._trace_loop, autograph=False)
@@ -121,6 +125,7 @@ class CompiledStep:
     return self._element_spec
 
   def __call__(self, iterator, steps: int, args: Sequence[Any]):
+    self._warn_if_python_numbers_change(args)
     if self._output_spec is None:
       self._build(args)
     if steps == 1:  # the common case, without the loop's per-call overhead
@@ -129,6 +134,26 @@ class CompiledStep:
       completed, tensors, status = self._loop(
           iterator, tf.constant(steps, tf.int64), tuple(args))
     return completed, self._with_nones(tensors), status
+
+  def _warn_if_python_numbers_change(self, args):
+    """Python numbers in `args` are compiled in: a new value compiles again."""
+    numbers = tuple(
+        leaf if isinstance(leaf, (int, float, np.number))
+        and not isinstance(leaf, (bool, np.bool_)) else None
+        for leaf in tf.nest.flatten(args))
+    previous, self._python_numbers = self._python_numbers, numbers
+    if (previous is None or len(previous) != len(numbers) or
+        self._warned_python_numbers or
+        not any(a is not None and b is not None and a != b
+                for a, b in zip(previous, numbers))):
+      return
+    self._warned_python_numbers = True
+    logging.warning(
+        "replicator: run(%s, args=...) got Python numbers that changed since the "
+        "last call (%s -> %s). A Python number is compiled into the step, so each "
+        "new value compiles it again (seconds each time); pass values that change "
+        "from call to call as tensors, e.g. args=(tf.constant(lr),).",
+        getattr(self._step_fn, "__name__", self._step_fn), previous, numbers)
 
   def _with_nones(self, tensors):
     """step_fn's output structure, from the tensors the compiled step returns.

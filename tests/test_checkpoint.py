@@ -115,11 +115,7 @@ def test_a_trained_model_exports_as_a_saved_model_of_plain_variables(name, tmp_p
   x = catalogue.classification_data()[0][:5]
   want = model(x).numpy()  # outside a step: the (identical) copies' values
 
-  export = tf.Module()
-  export.model = model
-  export.optimizer = optimizer
-  export.predict = tf.function(model, input_signature=[tf.TensorSpec([None, 8])])
-  tf.saved_model.save(export, str(tmp_path / "exported"))
+  _export_mlp(str(tmp_path / "exported"), model, optimizer=optimizer)
 
   loaded = tf.saved_model.load(str(tmp_path / "exported"))
   np.testing.assert_allclose(loaded.predict(x).numpy(), want, rtol=1e-6)
@@ -132,12 +128,14 @@ def test_a_trained_model_exports_as_a_saved_model_of_plain_variables(name, tmp_p
   assert len(saved) == len(model.variables) + len(optimizer.variables)  # one copy each
 
 
-def _export_mlp(directory):
-  model = catalogue.mlp()
+def _export_mlp(directory, model, **trackables):
+  """Saves `model` (and `trackables`) with a `predict` signature for 8 features."""
   export = tf.Module()
   export.model = model
+  for name, trackable in trackables.items():
+    setattr(export, name, trackable)
   export.predict = tf.function(model, input_signature=[tf.TensorSpec([None, 8])])
-  export.predict(tf.zeros([1, 8]))
+  export.predict(tf.zeros([1, 8]))  # builds a model that is not built yet
   tf.saved_model.save(export, directory)
 
 
@@ -155,7 +153,7 @@ def _fine_tune_step(loaded, optimizer):
 
 @pytest.mark.parametrize("name", ["multi_gpu_4", "tpu_emulated_2"])
 def test_a_saved_model_loaded_in_the_context_fine_tunes_as_on_one_device(name, tmp_path):
-  _export_mlp(str(tmp_path))
+  _export_mlp(str(tmp_path), catalogue.mlp())
   x, y = catalogue.classification_data()
 
   plain = tf.saved_model.load(str(tmp_path))
