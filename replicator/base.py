@@ -80,6 +80,8 @@ class Replicator:
       self._heartbeat = cluster.Heartbeat(mesh, self._all_reduce.timeout_s / 2)
 
   live = weakref.WeakSet()  # every replicator not yet garbage collected
+  # Says how steps are compiled, in errors about ops that XLA lacks.
+  _compiled_by = "this replicator compiles each step as one XLA computation"
   _creation_order = itertools.count()
 
   @classmethod
@@ -203,6 +205,10 @@ class Replicator:
     try:
       completed, outputs, status = compiled(iterator, int(steps), args)
     except tf.errors.OpError as error:
+      unsupported = (steps_lib.xla_unsupported(error, step_fn, self._compiled_by)
+                     if self._jit_compile else None)
+      if unsupported is not None:
+        raise unsupported from error
       if self._workers is None:
         raise
       raise self._worker_lost(error) from error

@@ -33,6 +33,9 @@ class GpuReplicator(base.Replicator):
   1
   """
 
+  _compiled_by = ("GpuReplicator(jit_compile=True) compiles each step as one XLA "
+                  "computation (jit_compile=False does not)")
+
   def __init__(self, device: Optional[str] = None, jit_compile: bool = False):
     if not isinstance(jit_compile, bool):
       raise TypeError(f"jit_compile: expected True or False, got {jit_compile!r}.")

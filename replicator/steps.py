@@ -10,6 +10,7 @@ is an error.
 
 import contextlib
 import logging
+import re
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -27,6 +28,33 @@ if not any(getattr(rule, "module_prefix", None) == "replicator"
   autograph_config.CONVERSION_RULES = (
       (autograph_config.DoNotConvert("replicator"),)
       + tuple(autograph_config.CONVERSION_RULES))
+
+
+# "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal.
+_XLA_MISSING_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA_\w+_JIT")
+_PRINT_OPS = frozenset({"PrintV2", "Print", "StringFormat"})
+
+
+def xla_unsupported(error: tf.errors.OpError, step_fn, compiled_by: str):
+  """A clear error for ops XLA cannot compile, or None for other errors.
+
+  TensorFlow's message names the op type deep inside a graph dump; this one
+  names step_fn, the ops and what to do instead.
+  """
+  ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
+  if not ops:
+    return None
+  name = getattr(step_fn, "__name__", step_fn)
+  if _PRINT_OPS.intersection(ops):
+    fix = ("tf.print cannot run inside the compiled step: return the values "
+           "from step_fn and print what run returns (one row per replica)")
+  else:
+    fix = ("move that computation out of the step: into input_fn "
+           "(dataset.map) or after run, on what run returns")
+  return type(error)(
+      error.node_def, error.op,
+      f"step_fn: {name} uses {', '.join(ops)}, which XLA cannot compile; "
+      f"{compiled_by}. Fix: {fix}.")
 
 
 def _to_spec(value):

@@ -36,7 +36,9 @@ class TpuReplicator(base.Replicator):
   one XLA computation on the CPU, so a step that cannot compile with static
   shapes fails on a laptop first. XLA on CPU accepts some ops a TPU rejects
   (dynamic-shape ops such as `tf.boolean_mask`), so passing the emulator is
-  necessary, not sufficient.
+  necessary, not sufficient. The reverse too: `tf.print` in a step fails here
+  (XLA on CPU has no print; a TPU runs it on the host), with an error that
+  says to return the values instead.
 
   Args:
     num_workers: TPU hosts (only 1 is supported in this version).
@@ -46,6 +48,9 @@ class TpuReplicator(base.Replicator):
       `'local'` (a TPU VM).
     emulate_on_cpu: run on the CPU with TPU semantics.
   """
+
+  _compiled_by = ("a TPU step is one XLA computation (the emulator compiles it "
+                  "the same way)")
 
   def __init__(self, num_workers: int = 1,
                num_tpu_cores_per_worker: Optional[int] = None,

@@ -156,6 +156,36 @@ def test_tpu_emulation_refuses_what_a_tpu_cannot_take(dataset, match):
   repl.run(lambda b: b * 2, lambda ctx: tf.data.Dataset.range(8).batch(2, drop_remainder=True))
 
 
+@pytest.mark.parametrize("make, match", [
+    (lambda: catalogue.make("tpu_emulated_2"), r"a TPU step is one XLA computation"),
+    (lambda: replicator.GpuReplicator(device="/cpu:0", jit_compile=True),
+     r"jit_compile=False does not"),
+])
+def test_an_op_that_xla_cannot_compile_is_named_with_the_fix(make, match):
+  repl = make()
+
+  def printing_step():
+    value = tf.cast(repl.replica_id, tf.float32) + 1.0
+    tf.print("value:", value)
+    return value
+
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"step_fn: printing_step uses (PrintV2|StringFormat), "
+                           rf"which XLA cannot compile; .*{match}.*Fix: tf.print"):
+    repl.run(printing_step)
+
+  def numbers_step():
+    return tf.strings.length(tf.strings.as_string(tf.random.uniform([])))
+
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"step_fn: numbers_step uses AsString.*into input_fn"):
+    repl.run(numbers_step)
+  # Other steps still run on the same replicator.
+  np.testing.assert_array_equal(
+      repl.run(lambda: tf.cast(repl.replica_id, tf.float32) + 1.0),
+      np.arange(1.0, repl.num_replicas + 1.0))
+
+
 def test_gpu_replicator_under_a_multi_worker_tf_config():
   config = ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
             '"task": {"type": "worker", "index": 0}}')
