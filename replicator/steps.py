@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.autograph.core import config as autograph_config
+from tensorflow.python.framework import op_def_registry
 
 from replicator import collectives
 from replicator import context
@@ -118,6 +119,25 @@ def _batch_size(value) -> tf.Tensor:
   return tf.shape(value, out_type=tf.int64)[0]
 
 
+def _draws_from_kernel_state(graph) -> bool:
+  """Whether `graph` has stateful random ops (`tf.random.uniform`, dropout).
+
+  Each such op keeps its generator state in its kernel, and every compiled
+  function has kernels of its own: two functions tracing the same step
+  with the same seeds would each start the same stream again.
+  """
+  graph_def = graph.as_graph_def()
+  nodes = list(graph_def.node)
+  for function in graph_def.library.function:
+    nodes.extend(function.node_def)
+  for op_type in {node.op for node in nodes}:
+    op_def = op_def_registry.get(op_type)
+    if op_def is not None and op_def.is_stateful and any(
+        attr.name == "seed2" for attr in op_def.attr):
+      return True
+  return False
+
+
 class CompiledStep:
   """The loop for one `(step_fn, input_fn)` pair on one replicator."""
 
@@ -140,6 +160,7 @@ class CompiledStep:
     self._warned_python_numbers = False
     self._output_spec = None  # step_fn's outputs, None leaves included
     self._tensor_specs = None  # the leaves that are tensors, in flat order
+    self._draws_random = None  # whether step_fn has stateful random ops
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
@@ -156,7 +177,10 @@ class CompiledStep:
     self._warn_if_python_numbers_change(args)
     if self._output_spec is None:
       self._build(args)
-    if steps == 1:  # the common case, without the loop's per-call overhead
+    # The common case, without the loop's per-call overhead; a step that
+    # draws random numbers always runs in the loop, so one stream advances
+    # whatever `steps` each call asks for.
+    if steps == 1 and not self._draws_random:
       completed, tensors, status = self._single(iterator, tuple(args))
     else:
       completed, tensors, status = self._loop(
@@ -231,6 +255,7 @@ class CompiledStep:
                                               concrete.structured_outputs)
     self._tensor_specs = tuple(spec for spec in tf.nest.flatten(self._output_spec)
                                if spec is not None)
+    self._draws_random = _draws_from_kernel_state(concrete.graph)
 
   def _converted_in_function(self):
     step_fn = self._step_fn
@@ -346,12 +371,17 @@ class CompiledStep:
     n = len(self._devices)
     zero = tf.constant(0, tf.int64)
     invariants = self._invariants()
+    # A random op's state is in its kernel, not in a variable, so nothing
+    # orders its draws: iterations running side by side could draw in either
+    # order, and the step would return another step's numbers.
+    parallel_iterations = 1 if self._draws_random else 10
     if iterator is None:
       completed, outputs = tf.while_loop(
           lambda i, _: i < steps,
           lambda i, _: (i + 1, self._replicated_step([None] * n, args)),
           (zero, self._initial_outputs()),
-          shape_invariants=(tf.TensorShape([]), invariants))
+          shape_invariants=(tf.TensorShape([]), invariants),
+          parallel_iterations=parallel_iterations)
       status = _status(READY)
     else:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
@@ -373,7 +403,8 @@ class CompiledStep:
           lambda i, optionals, status, outputs: _is_ready(status), body,
           (zero, optionals, status, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
-                            tf.TensorShape([]), invariants))
+                            tf.TensorShape([]), invariants),
+          parallel_iterations=parallel_iterations)
     self._check_variables(tf.compat.v1.get_default_graph())
     return completed, outputs, _why_stopped(status)
 
