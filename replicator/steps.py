@@ -138,6 +138,60 @@ def _draws_from_kernel_state(graph) -> bool:
   return False
 
 
+class _ByReference:
+  """A variable in `args`, passed to the compiled step as a Python object.
+
+  As a `tf.function` argument a variable would be one resource handle, the
+  same on every replica (outside a step, a replicated variable's first
+  copy), and its updates would not be aggregated. By reference, each replica
+  uses its own copy, as for a variable that step_fn reads from its closure.
+  """
+
+  def __init__(self, variable):
+    self.variable = variable
+
+  def __eq__(self, other):
+    return isinstance(other, _ByReference) and other.variable is self.variable
+
+  def __hash__(self):
+    return id(self.variable)
+
+
+def _by_reference(args):
+  return tf.nest.map_structure(
+      lambda leaf: _ByReference(leaf) if isinstance(leaf, tf.Variable) else leaf, args)
+
+
+def _dereference(args):
+  return tf.nest.map_structure(
+      lambda leaf: leaf.variable if isinstance(leaf, _ByReference) else leaf, args)
+
+
+def _signature(args):
+  """What decides step_fn's outputs: the nest, tensor types, other values."""
+  def leaf_key(leaf):
+    if isinstance(leaf, (tf.Tensor, np.ndarray)):
+      return ("tensor", tuple(leaf.shape), tf.as_dtype(leaf.dtype))
+    try:
+      hash(leaf)
+    except TypeError:
+      return ("object", id(leaf))
+    return ("value", type(leaf), leaf)
+  structure = repr(tf.nest.map_structure(lambda _: 0, args))
+  return structure, tuple(leaf_key(leaf) for leaf in tf.nest.flatten(args))
+
+
+class _Traced:
+  """What one trace of step_fn (one signature of its `args`) found."""
+
+  def __init__(self, output_spec, draws_random: bool):
+    self.output_spec = output_spec  # step_fn's outputs, None leaves included
+    # the leaves that are tensors, in flat order
+    self.tensor_specs = tuple(spec for spec in tf.nest.flatten(output_spec)
+                              if spec is not None)
+    self.draws_random = draws_random  # whether step_fn has stateful random ops
+
+
 class CompiledStep:
   """The loop for one `(step_fn, input_fn)` pair on one replicator."""
 
@@ -158,9 +212,8 @@ class CompiledStep:
     self._on_variables_created = on_variables_created or (lambda: None)
     self._python_numbers = None  # the Python numbers in the last call's args
     self._warned_python_numbers = False
-    self._output_spec = None  # step_fn's outputs, None leaves included
-    self._tensor_specs = None  # the leaves that are tensors, in flat order
-    self._draws_random = None  # whether step_fn has stateful random ops
+    self._traced = {}  # signature of args -> _Traced
+    self._current = None  # the _Traced of the call being run
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
@@ -175,16 +228,19 @@ class CompiledStep:
 
   def __call__(self, iterator, steps: int, args: Sequence[Any]):
     self._warn_if_python_numbers_change(args)
-    if self._output_spec is None:
-      self._build(args)
+    args = _by_reference(tuple(args))
+    signature = _signature(args)
+    if signature not in self._traced:  # step_fn's outputs may depend on args
+      self._traced[signature] = self._build(args, creating=not self._traced)
+    self._current = self._traced[signature]
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
     # whatever `steps` each call asks for.
-    if steps == 1 and not self._draws_random:
-      completed, tensors, status = self._single(iterator, tuple(args))
+    if steps == 1 and not self._current.draws_random:
+      completed, tensors, status = self._single(iterator, args)
     else:
       completed, tensors, status = self._loop(
-          iterator, tf.constant(steps, tf.int64), tuple(args))
+          iterator, tf.constant(steps, tf.int64), args)
     return completed, self._with_nones(tensors), status
 
   def _warn_if_python_numbers_change(self, args):
@@ -214,10 +270,11 @@ class CompiledStep:
     nothing (or a nest with `None` in it) runs as one that returns tensors.
     """
     tensors = iter(tensors)
+    output_spec = self._current.output_spec
     return tf.nest.pack_sequence_as(
-        self._output_spec,
+        output_spec,
         [None if spec is None else next(tensors)
-         for spec in tf.nest.flatten(self._output_spec)])
+         for spec in tf.nest.flatten(output_spec)])
 
   def _group(self, build_only: bool) -> context.ReplicaGroup:
     return context.ReplicaGroup(self._devices, self._first_replica_id,
@@ -236,26 +293,28 @@ class CompiledStep:
             yield
     return scope
 
-  def _build(self, args):
-    """First trace: replica 0 alone, creating variables and finding outputs."""
+  def _build(self, args, creating: bool) -> _Traced:
+    """A trace of replica 0 alone, finding the outputs for these `args`.
+
+    The first (`creating`) also creates the variables that step_fn makes.
+    """
     step_fn = self._converted_in_function()
+    args = _dereference(args)
 
     def trace(*batch):
       inputs = tuple(batch) + tuple(args)
       outputs = self._group(build_only=True).run(
-          step_fn, [inputs], self._replica_scope(creating=True))[0]
+          step_fn, [inputs], self._replica_scope(creating=creating))[0]
       return check_outputs(outputs, self._step_fn)
 
     specs = () if self._element_spec is None else (self._element_spec,)
-    with self._factory.scope():
+    with self._factory.scope() if creating else contextlib.nullcontext():
       concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
-    self._factory.materialize_pending()
-    self._on_variables_created()
-    self._output_spec = tf.nest.map_structure(_to_spec,
-                                              concrete.structured_outputs)
-    self._tensor_specs = tuple(spec for spec in tf.nest.flatten(self._output_spec)
-                               if spec is not None)
-    self._draws_random = _draws_from_kernel_state(concrete.graph)
+    if creating:
+      self._factory.materialize_pending()
+      self._on_variables_created()
+    return _Traced(tf.nest.map_structure(_to_spec, concrete.structured_outputs),
+                   _draws_from_kernel_state(concrete.graph))
 
   def _converted_in_function(self):
     step_fn = self._step_fn
@@ -267,6 +326,7 @@ class CompiledStep:
 
   def _trace_step(self, batches, args):
     step_fn = self._converted_in_function()
+    args = _dereference(args)
     per_replica = [(tuple(b) if b is not None else ()) + tuple(args)
                    for b in batches]
     outputs = self._group(build_only=False).run(
@@ -280,12 +340,12 @@ class CompiledStep:
     def zeros(spec):
       shape = [n] + [d if d is not None else 0 for d in spec.shape.as_list()]
       return tf.zeros(shape, spec.dtype)
-    return tuple(zeros(spec) for spec in self._tensor_specs)
+    return tuple(zeros(spec) for spec in self._current.tensor_specs)
 
   def _invariants(self):
     n = len(self._devices)
     return tuple(tf.TensorShape([n]).concatenate(spec.shape)
-                 for spec in self._tensor_specs)
+                 for spec in self._current.tensor_specs)
 
   def _sizes_to_compare(self, element_spec):
     """`(leaf, static batch size or None)` whose size `_fetch` compares.
@@ -374,7 +434,7 @@ class CompiledStep:
     # A random op's state is in its kernel, not in a variable, so nothing
     # orders its draws: iterations running side by side could draw in either
     # order, and the step would return another step's numbers.
-    parallel_iterations = 1 if self._draws_random else 10
+    parallel_iterations = 1 if self._current.draws_random else 10
     if iterator is None:
       completed, outputs = tf.while_loop(
           lambda i, _: i < steps,

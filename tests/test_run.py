@@ -230,6 +230,46 @@ def test_random_draws_continue_one_stream_whatever_steps_each_call(name):
     np.testing.assert_array_equal(expected, one_per_call[last_step])
 
 
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_a_variable_passed_in_args_is_each_replicas_copy(name):
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  with repl.context():
+    total = tf.Variable(0.0)
+
+  def step_fn(variable, scale):
+    variable.assign_add(tf.cast(repl.replica_id, tf.float32) * scale)  # the mean is added
+    return variable.read_value()
+
+  for _ in range(3):
+    out = repl.run(step_fn, args=(total, tf.constant(2.0)))
+  expected = 3 * 2.0 * (n - 1) / 2
+  np.testing.assert_allclose(out.numpy(), [expected] * n)
+  np.testing.assert_allclose([copy.numpy() for copy in total.replicas], [expected] * n)
+
+
+def test_outputs_and_argument_shapes_may_change_from_call_to_call():
+  repl = catalogue.make("multi_gpu_2")
+
+  def step_fn(mode, x):
+    if mode == "train":
+      return {"loss": tf.reduce_sum(x)}
+    return {"accuracy": tf.reduce_mean(x), "loss": 2.0 * tf.reduce_sum(x)}
+
+  x = tf.range(3, dtype=tf.float32)
+  assert set(repl.run(step_fn, args=("train", x))) == {"loss"}
+  out = repl.run(step_fn, args=("eval", x), steps=2)
+  np.testing.assert_allclose(out["accuracy"].numpy(), [1.0, 1.0])
+  np.testing.assert_allclose(out["loss"].numpy(), [6.0, 6.0])
+  np.testing.assert_allclose(repl.run(step_fn, args=("train", x))["loss"].numpy(), [3.0, 3.0])
+  double = lambda v: v * 2
+  for value in (tf.range(5, dtype=tf.float32), tf.range(4, dtype=tf.float64)):
+    for steps in (1, 2):
+      out = repl.run(double, args=(value,), steps=steps)
+      np.testing.assert_allclose(out.numpy(), [2 * value.numpy()] * 2)
+      assert out.dtype == value.dtype
+
+
 def test_changing_steps_does_not_retrace():
   repl = catalogue.make("multi_gpu_2")
   traces = []
