@@ -102,10 +102,13 @@ def _why_stopped(status: tf.Tensor) -> tf.Tensor:
 def _batch_leaf(element_spec):
   """`(index, static batch size or None)` of the first batched element leaf.
 
-  `(None, 0)` when no leaf has a batch dimension.
+  `(None, 0)` when no leaf has a batch dimension. A leaf of unknown rank
+  (from `tf.py_function`, say) may have one, of a size known at run time.
   """
   for index, spec in enumerate(tf.nest.flatten(element_spec)):
     shape = getattr(spec, "shape", None)
+    if shape is not None and shape.rank is None:
+      return index, None
     if shape is not None and shape.rank:
       return index, shape[0]
   return None, 0
@@ -116,7 +119,8 @@ def _batch_size(value) -> tf.Tensor:
     return value.nrows(out_type=tf.int64)
   if isinstance(value, tf.SparseTensor):
     return value.dense_shape[0]
-  return tf.shape(value, out_type=tf.int64)[0]
+  # -1 for a scalar (a leaf of unknown rank may turn out to be one)
+  return tf.concat([tf.shape(value, out_type=tf.int64), [-1]], 0)[0]
 
 
 def _draws_from_kernel_state(graph) -> bool:
