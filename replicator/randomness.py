@@ -10,6 +10,8 @@ from typing import Sequence
 
 import tensorflow as tf
 from tensorflow.python.framework import random_seed
+from tensorflow.python.ops import gen_stateless_random_ops_v2
+from tensorflow.python.ops import stateful_random_ops
 
 from replicator import context
 from replicator import variables
@@ -31,9 +33,32 @@ def _get_seed(op_seed):
   return graph_seed, op_seed
 
 
+_original_preprocess_key = stateful_random_ops.Generator._preprocess_key  # pylint: disable=protected-access
+
+
+def _preprocess_key(generator, key):
+  """A `tf.random.Generator` made in a replicator context: a key per replica.
+
+  Its state is a replicated variable, identical on every replica and advanced
+  alike by each draw; as `tf.distribute` does for a generator made in a
+  strategy's scope, each replica hashes its id into the key, so replicas
+  draw different numbers (replica 0 those of a plain generator).
+  """
+  key = _original_preprocess_key(generator, key)
+  replica = context.current()
+  if (replica is None or not replica.replica_id or
+      not isinstance(generator.state, variables.ReplicatedVariable)):
+    return key
+  counter = tf.constant([replica.replica_id, 0], tf.uint64)
+  return gen_stateless_random_ops_v2.stateless_random_uniform_full_int_v2(
+      shape=[1], key=key, counter=counter, dtype=tf.uint64, alg=generator.algorithm)
+
+
 def install():
-  """Routes `tf.random` seeding through `_get_seed` (idempotent)."""
+  """Routes `tf.random` seeding through `_get_seed`, and per-replica keys of
+  generators made in a context through `_preprocess_key` (idempotent)."""
   random_seed.get_seed = _get_seed
+  stateful_random_ops.Generator._preprocess_key = _preprocess_key  # pylint: disable=protected-access
 
 
 class ReplicaGenerator:

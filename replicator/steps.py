@@ -479,8 +479,12 @@ class CompiledStep:
       # (a function loaded from a SavedModel watches the ReplicatedVariable itself)
       if not (variables.is_component(variable) or
               isinstance(variable, variables.ReplicatedVariable)):
+        generator = ("" if "StateVar" not in variable.name else
+                     " If it is a tf.random.Generator's state (such as "
+                     "tf.random.get_global_generator()'s), make the generator "
+                     "inside the context, or use repl.random_generator(seed).")
         raise ValueError(
             f"step_fn uses the variable {variable.name!r}, which was created "
             "outside every replicator context, so each replica would update "
             "one shared copy. Create it inside `with repl.context():` (or on "
-            "the first run of the step).")
+            f"the first run of the step).{generator}")

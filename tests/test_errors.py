@@ -68,6 +68,10 @@ def test_variable_created_outside_every_context_used_in_a_multi_replica_step():
   stray = tf.Variable(1.0, name="stray_weight")
   with pytest.raises(ValueError, match="stray_weight.*outside every replicator context"):
     repl.run(lambda: stray * 2.0)
+  generator = tf.random.Generator.from_seed(1)  # made outside, as the global one
+  with pytest.raises(ValueError, match=r"StateVar.*outside every replicator context.*"
+                     r"make the generator inside the context, or use repl.random_generator"):
+    repl.run(lambda: generator.normal([2]))
 
 
 @pytest.mark.parametrize("trained_on,used_on", [

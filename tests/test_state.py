@@ -91,16 +91,27 @@ def test_random_draws_differ_between_replicas_and_repeat_with_the_seed(name):
     tf.random.set_seed(7)
     repl = catalogue.make(name)
     generator = repl.random_generator(seed=3)
+    with repl.context():  # its state is replicated; each replica hashes in its id
+      made_in_context = tf.random.Generator.from_seed(4)
 
     def step_fn():
       return {"op": tf.random.normal([4]), "op_seeded": tf.random.uniform([4], seed=5),
-              "generator": generator.normal([4])}
+              "generator": generator.normal([4]),
+              "tf.random.Generator": made_in_context.normal([4])}
     return {k: v.numpy() for k, v in repl.run(step_fn).items()}
 
   first, second = draw(), draw()
+  # Replica 0 draws what the same generator draws on one device (compiled
+  # alike: XLA's normal draws differ from TensorFlow's kernel's).
+  one_device = tf.random.Generator.from_seed(4)
+  np.testing.assert_allclose(
+      first["tf.random.Generator"][0],
+      tf.function(lambda: one_device.normal([4]), jit_compile=name.startswith("tpu"))(),
+      rtol=1e-6)
   # XLA (the TPU emulator, like a TPU) does not honour seeds of stateful
-  # tf.random ops; the generator's streams are reproducible everywhere.
-  reproducible = ["generator"] if name.startswith("tpu") else list(first)
+  # tf.random ops; the generators' streams are reproducible everywhere.
+  reproducible = (["generator", "tf.random.Generator"] if name.startswith("tpu")
+                  else list(first))
   for key, values in first.items():
     n = values.shape[0]
     for a in range(n):
