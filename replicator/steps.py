@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.autograph.core import config as autograph_config
 from tensorflow.python.framework import op_def_registry
+from tensorflow.python.ops import op_selector
 
 from replicator import collectives
 from replicator import context
@@ -312,8 +313,19 @@ class CompiledStep:
       return check_outputs(outputs, self._step_fn)
 
     specs = () if self._element_spec is None else (self._element_spec,)
-    with self._factory.scope() if creating else contextlib.nullcontext():
-      concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
+    try:
+      with self._factory.scope() if creating else contextlib.nullcontext():
+        concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
+    except op_selector.UnliftableError as error:
+      raise ValueError(
+          f"step_fn: {getattr(self._step_fn, '__name__', self._step_fn)} "
+          "creates a variable whose initial value depends on the step's input "
+          "(data-dependent initialization, as in ActNorm); variables made in "
+          "the step are initialized before any batch arrives. Create it before "
+          "run: call the module once on a sample batch inside `with "
+          "repl.context():`, or create it with a placeholder value and assign "
+          f"the data's value in the step. ({str(error).splitlines()[0][:300]})"
+      ) from error
     if creating:
       self._factory.materialize_pending()
       self._on_variables_created()

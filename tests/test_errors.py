@@ -190,6 +190,29 @@ def test_an_op_that_xla_cannot_compile_is_named_with_the_fix(make, match):
       np.arange(1.0, repl.num_replicas + 1.0))
 
 
+def test_a_variable_initialized_from_the_batch_in_the_step():
+  repl = catalogue.make("multi_gpu_2")
+
+  class ActNorm(snt.Module):
+    def __call__(self, x):
+      if not hasattr(self, "bias"):
+        self.bias = tf.Variable(-tf.reduce_mean(x, 0))
+      return x + self.bias
+
+  data = np.arange(16, dtype=np.float32).reshape(8, 2)
+  input_fn = lambda ctx: tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
+  with repl.context():
+    model = ActNorm()
+  with pytest.raises(ValueError, match=r"initial value depends on the step's input.*"
+                     r"call the module once on a sample batch inside"):
+    repl.run(model, input_fn)
+  with repl.context():  # the fix the message gives
+    model = ActNorm()
+    model(tf.constant(data[:2]))
+  np.testing.assert_allclose(repl.run(model, input_fn).numpy(),
+                             [data[0:2] - data[0:2].mean(0), data[2:4] - data[0:2].mean(0)])
+
+
 def test_gpu_replicator_under_a_multi_worker_tf_config():
   config = ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
             '"task": {"type": "worker", "index": 0}}')
