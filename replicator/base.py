@@ -209,6 +209,9 @@ class Replicator:
                      if self._jit_compile else None)
       if unsupported is not None:
         raise unsupported from error
+      shapes = steps_lib.output_shape_error(error, step_fn)
+      if shapes is not None:
+        raise shapes from error
       if self._workers is None:
         raise
       raise self._worker_lost(error) from error

@@ -78,6 +78,27 @@ def check_outputs(outputs, step_fn):
   return tf.nest.map_structure(check, outputs)
 
 
+_STACKED_OUTPUTS = "outputs_of_every_replica"
+
+
+def different_output_shapes(step_fn, shapes=None) -> str:
+  """The error for replicas whose outputs differ in shape."""
+  found = f" ({', '.join(str(s) for s in shapes)})" if shapes else ""
+  return (
+      f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned an output "
+      f"whose shape differs from replica to replica{found}; run stacks each "
+      "output over the replicas, so it must have one shape on all of them. "
+      "Reduce it inside the step (repl.all_sum, a mean), or pad it to a fixed "
+      "size and return a mask with it.")
+
+
+def output_shape_error(error: tf.errors.OpError, step_fn):
+  """A clear error when stacking the replicas' outputs failed at run time."""
+  if _STACKED_OUTPUTS not in str(error):
+    return None
+  return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
+
+
 # Why a step did or did not run (`_fetch`'s status).
 READY = 1  # every replica has a batch, all one size
 OUT_OF_DATA = 0  # some replica, on some worker, has none
@@ -348,7 +369,15 @@ class CompiledStep:
     outputs = self._group(build_only=False).run(
         step_fn, per_replica, self._replica_scope(creating=False))
     leaves = [tf.nest.flatten(check_outputs(o, self._step_fn)) for o in outputs]
-    return tuple(tf.stack(xs) for xs in zip(*leaves) if xs[0] is not None)
+    return tuple(self._stack_over_replicas(xs) for xs in zip(*leaves)
+                 if xs[0] is not None)
+
+  def _stack_over_replicas(self, values):
+    """One output leaf of every replica, stacked (its shape checked first)."""
+    shapes = [value.shape for value in values]
+    if not all(shape.is_compatible_with(shapes[0]) for shape in shapes):
+      raise ValueError(different_output_shapes(self._step_fn, shapes))
+    return tf.stack(values, name=_STACKED_OUTPUTS)
 
   def _initial_outputs(self):
     n = len(self._devices)

@@ -213,6 +213,19 @@ def test_a_variable_initialized_from_the_batch_in_the_step():
                              [data[0:2] - data[0:2].mean(0), data[2:4] - data[0:2].mean(0)])
 
 
+def test_outputs_whose_shape_differs_between_replicas():
+  repl = catalogue.make("multi_gpu_2")
+
+  def kept_values():  # replica r keeps r + 1 values
+    x = tf.range(4)
+    return tf.boolean_mask(x, x <= tf.cast(repl.replica_id, tf.int32))
+
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"step_fn: kept_values returned an output whose shape "
+                           r"differs from replica to replica.*pad it to a fixed size"):
+    repl.run(kept_values)
+
+
 def test_gpu_replicator_under_a_multi_worker_tf_config():
   config = ('{"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, '
             '"task": {"type": "worker", "index": 0}}')
