@@ -236,6 +236,59 @@ def test_an_evaluation_replicator_made_later_keeps_the_training_input_position(t
   evaluator.shutdown()
 
 
+def _draws(repl, generator, steps):
+  return [repl.run(lambda: generator.uniform([3])).numpy() for _ in range(steps)]
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "tpu_emulated_2"])
+def test_random_generator_streams_resume_exactly(name, tmp_path):
+  repl = catalogue.make(name)
+  want = _draws(repl, repl.random_generator(42), 4)
+  repl.shutdown()
+
+  repl = catalogue.make(name)
+  generator = repl.random_generator(42)
+  holder = tf.Module()
+  holder.rng = generator  # kept with the model, as a script does
+  _draws(repl, generator, 2)
+  replicator.Checkpointer(tmp_path, holder=holder).save(step=2)
+  repl.shutdown()
+
+  repl = catalogue.make(name)
+  generator = repl.random_generator(42)
+  holder = tf.Module()
+  holder.rng = generator
+  replicator.Checkpointer(tmp_path, holder=holder).restore_latest()
+  np.testing.assert_array_equal(np.stack(_draws(repl, generator, 2)), np.stack(want[2:]))
+  repl.shutdown()
+
+
+def test_random_generator_resumes_on_other_workers_and_other_replica_counts(
+    tmp_path, caplog):
+  def generators(replica_ids, num_replicas):
+    devices = [f"/device:CPU:{i}" for i in range(len(replica_ids))]
+    return replicator.randomness.ReplicaGenerator(7, replica_ids, num_replicas, devices)
+
+  everyone, chief = generators([0, 1, 2, 3], 4), generators([0, 1], 4)
+  for generator in everyone._generators + chief._generators:  # pylint: disable=protected-access
+    generator.uniform([5])  # every replica draws the same shapes
+  tf.train.Checkpoint(rng=chief).write(str(tmp_path / "ckpt"))
+
+  worker1 = generators([2, 3], 4)  # restores what worker 0 (the chief) saved
+  tf.train.Checkpoint(rng=worker1).read(str(tmp_path / "ckpt"))
+  got = [g.state.numpy() for g in worker1._generators]  # pylint: disable=protected-access
+  want = [g.state.numpy() for g in everyone._generators[2:]]  # pylint: disable=protected-access
+  assert len(got) == len(want) == 2
+  np.testing.assert_array_equal(got, want)
+
+  one = generators([0], 1)
+  with caplog.at_level(logging.WARNING):
+    tf.train.Checkpoint(rng=one).read(str(tmp_path / "ckpt"))
+  assert "saved on 4 replica(s) and is restored on 1" in caplog.text
+  np.testing.assert_array_equal(one._generators[0].state.numpy(),  # pylint: disable=protected-access
+                                chief._generators[0].state.numpy())  # pylint: disable=protected-access
+
+
 def test_inputs_with_the_same_name_keep_separate_positions(tmp_path):
   def make_input(size):
     def input_fn(ctx):
