@@ -21,6 +21,7 @@ from replicator import nested_functions
 from replicator import optimizers
 from replicator import randomness
 from replicator import replica_ops
+from replicator import resume
 from replicator import steps as steps_lib
 from replicator import variables
 from replicator.mesh import Mesh
@@ -61,7 +62,9 @@ class Replicator:
       self._placement = tuple(f"/device:{d}" for d in (placement or mesh.local_devices))
     self._synced_variables = 0
     self._consumed = {}  # input key -> steps taken from it since its start
+    self._saved_positions = None  # a checkpoint's, until this replicator claims one
     self._skip = {}  # input key -> steps to skip when it starts (restored)
+    self._restored = set()  # input_fns to start again at their next use
     self._input_keys = {}  # input_fn -> its key in checkpoints
     self._created = next(Replicator._creation_order)
     Replicator.live.add(self)
@@ -285,23 +288,28 @@ class Replicator:
   def _input_key(self, input_fn) -> str:
     """A name for `input_fn` that is stable across restarts of the same script.
 
-    Its qualified name, numbered in order of first use when several inputs
-    share one (two closures made by one factory).
+    Its qualified name and closure constants (`resume.input_name`), numbered
+    in order of first use, with a warning, when several inputs share one.
     """
     if input_fn not in self._input_keys:
-      name = getattr(input_fn, "__qualname__", type(input_fn).__name__)
+      name = resume.input_name(input_fn)
       taken = set(self._input_keys.values())
       key, number = name, 1
       while key in taken:
         number += 1
         key = f"{name}#{number}"
+      if number == 2:
+        resume.warn_indistinct(name)
       self._input_keys[input_fn] = key
     return self._input_keys[input_fn]
 
   def _input(self, input_fn):
     if input_fn is None:
       return None, None
-    if input_fn not in self._inputs:
+    if input_fn in self._restored:  # started before a restore: start it again
+      self._restored.discard(input_fn)
+      self._inputs[input_fn] = self._make_input(input_fn, self._inputs[input_fn][1])
+    elif input_fn not in self._inputs:
       self._inputs[input_fn] = self._make_input(input_fn)
     return self._inputs[input_fn]
 
@@ -321,7 +329,9 @@ class Replicator:
     self._check_dataset(dataset, input_fn)
     if inputs.allows_uneven_batches(dataset):
       self._uneven_inputs.add(input_fn)
-    skip = self._skip.pop(self._input_key(input_fn), 0)
+    key = self._input_key(input_fn)
+    self._claim_saved_positions(key)
+    skip = self._skip.pop(key, 0)
     if skip:  # resuming: each step took one element per local replica
       dataset = dataset.skip(skip * self.num_local_replicas)
       self._consumed[self._input_key(input_fn)] = skip
@@ -340,29 +350,35 @@ class Replicator:
     """Steps taken from each input since it started (what a checkpoint keeps)."""
     return dict(self._consumed)
 
-  def resume_inputs(self, positions: dict, topology: Sequence[int]) -> None:
-    """Makes each input start after the steps recorded in `positions`.
+  def resume_inputs(self, saved: resume.SavedPositions) -> None:
+    """Makes each input start after the steps a checkpoint recorded.
 
-    Exact when `topology` (workers, replicas per worker) is this job's and the
-    input is deterministic; otherwise the same number of steps is skipped and
-    a warning says so.
+    `saved` is shared by every replicator the checkpoint is restored into;
+    this one claims the record of the first input it runs afterwards that a
+    record names (`SavedPositions.claim`), so each replicator resumes the
+    inputs it runs. Inputs started before the restore start again at their
+    next use, from the checkpoint's position (the beginning if it has none).
+    Exact when the record's topology is this job's and the input is
+    deterministic; otherwise the same number of steps is skipped and a
+    warning says so.
     """
-    if positions and tuple(topology) != (self.num_workers, self.num_local_replicas):
-      logging.warning(
-          "replicator: the checkpoint was written by %s workers x %s replicas "
-          "and is restored on %s x %s; each input skips the %s steps already "
-          "taken, which is not exactly the same examples.", topology[0],
-          topology[1], self.num_workers, self.num_local_replicas, positions)
-    self._skip = dict(positions)
-    self._consumed = {}
-    for input_fn in list(self._inputs):
-      if self._input_key(input_fn) in self._skip:
-        self._inputs[input_fn] = self._make_input(input_fn, self._inputs[input_fn][1])
+    self._saved_positions, self._skip, self._consumed = saved, {}, {}
+    self._restored = set(self._inputs)
+
+  def _claim_saved_positions(self, key: str):
+    """Takes the checkpoint's record that names input `key`, if none is taken."""
+    if self._saved_positions is None:
+      return
+    record = self._saved_positions.claim(
+        key, (self.num_workers, self.num_local_replicas))
+    if record is not None:
+      self._saved_positions, self._skip = None, dict(record["inputs"])
 
   def reset_input(self, input_fn: Callable):
     """Starts `input_fn`'s data again from the beginning (calls it anew)."""
     self._check_open("reset_input")
     self._consumed.pop(self._input_key(input_fn), None)
+    self._restored.discard(input_fn)
     previous = self._inputs.get(input_fn)
     self._inputs[input_fn] = self._make_input(
         input_fn, previous[1] if previous else None)

@@ -1,13 +1,20 @@
 """Checkpoints that a crash cannot corrupt, restorable on any topology."""
 
 import json
+import logging
 import os
-from typing import List, Optional
+import re
+import uuid
+from typing import Optional
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from replicator import base
 from replicator import mesh as mesh_lib
+from replicator import optimizers
+from replicator import resume
 
 POINTER = "latest.json"
 
@@ -15,16 +22,22 @@ POINTER = "latest.json"
 class Checkpointer:
   """Saves and restores training state; call it on every worker.
 
-  Only the chief (worker 0) writes. A checkpoint becomes visible when the
-  pointer file `latest.json` is replaced, after its data is written, so a
-  crash during `save` leaves the previous checkpoint restorable, on a local
+  Only the chief (worker 0 of the replicators' mesh) writes. Each save goes to
+  new files, and becomes visible when the pointer file `latest.json` is
+  replaced, after its data is written, so a crash during `save` (even of a
+  step saved before) leaves the previous checkpoint restorable, on a local
   disk or on object storage (`tf.io.gfile` paths). A replicated variable is
   saved once, so a checkpoint restores on any number of replicas or workers.
-  It also keeps how many steps each input of the process's replicator (the
-  newest one not shut down, when a process has several) has
-  taken; on restore the inputs continue from there (exactly on the same
+  It also keeps how many steps each input of each replicator has taken; on
+  restore each replicator's inputs continue from there (exactly on the same
   topology with a deterministic input_fn; on another topology the same number
-  of steps is skipped, with a warning).
+  of steps is skipped, with a warning). Create the replicators before
+  `restore_latest`. `repl.random_generator(seed)` can be saved too.
+
+  A name given here that the checkpoint lacks is an error on restore (nothing
+  would be restored into it); a name in the checkpoint that is not given here
+  is skipped with a warning. An optimizer saved wrapped (`wrap_optimizer`'s
+  result) restores into the optimizer it wraps, and the other way round.
 
   >>> import tempfile
   >>> counter = tf.Variable(3)
@@ -43,16 +56,21 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str, *, max_to_keep: int = 3, **trackables):
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+      raise ValueError(
+          f"directory: expected a path (str or os.PathLike) to write checkpoints "
+          f"to, got {directory!r}.")
     if not trackables:
       raise ValueError(
           "trackables: nothing to save; pass e.g. Checkpointer(dir, "
           "model=model, optimizer=optimizer).")
     if not isinstance(max_to_keep, int) or max_to_keep < 1:
       raise ValueError(f"max_to_keep: expected an int >= 1, got {max_to_keep!r}.")
-    self._directory = directory
+    self._directory = os.fspath(directory)
     self._max_to_keep = max_to_keep
+    self._trackables = trackables
     self._checkpoint = tf.train.Checkpoint(**trackables)
-    self._is_chief = mesh_lib.worker_index_in_tf_config() == 0
+    self._restoring = None  # the tf.train.Checkpoint of the last restore
 
   @property
   def directory(self) -> str:
@@ -72,48 +90,160 @@ class Checkpointer:
 
   def save(self, step: int) -> Optional[str]:
     """Writes a checkpoint for `step` (chief only); returns its path or None."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if (isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer))
+        or step < 0):
       raise ValueError(f"step: expected an int >= 0, got {step!r}.")
-    if not self._is_chief:
+    step = int(step)
+    if not _is_chief():
       return None
     tf.io.gfile.makedirs(self._directory)
-    path = self._checkpoint.write(os.path.join(self._directory, f"ckpt-{step}"))
+    name = f"ckpt-{step}-{uuid.uuid4().hex[:12]}"
+    path = self._checkpoint.write(os.path.join(self._directory, name))
     previous = self._read_pointer() or {"all": []}
-    kept: List[str] = [p for p in previous.get("all", [])
-                       if p != os.path.basename(path)] + [os.path.basename(path)]
-    pointer = {"step": step, "checkpoint": os.path.basename(path),
-               "all": kept[-self._max_to_keep:], **_input_state()}
+    superseded = [p for p in previous.get("all", []) if _step_of(p) == step]
+    kept = [p for p in previous.get("all", []) if p not in superseded] + [name]
+    pointer = {"step": step, "checkpoint": name, "all": kept[-self._max_to_keep:],
+               "replicators": _input_records(self._trackables)}
     temporary = os.path.join(self._directory, f".{POINTER}.tmp-{os.getpid()}")
     with tf.io.gfile.GFile(temporary, "w") as f:
       json.dump(pointer, f)
     tf.io.gfile.rename(temporary, os.path.join(self._directory, POINTER),
                        overwrite=True)
-    for old in kept[:-self._max_to_keep]:
-      for file in tf.io.gfile.glob(os.path.join(self._directory, old + ".*")):
-        tf.io.gfile.remove(file)
+    self._remove_all_but(pointer["all"], superseded + kept[:-self._max_to_keep])
     return path
+
+  def _remove_all_but(self, kept, dropped):
+    """Deletes the `dropped` checkpoints and any other of ours not in `kept`.
+
+    Others of ours (a unique name that no pointer names) are left by a save
+    that crashed before its pointer was written.
+    """
+    for file in tf.io.gfile.glob(os.path.join(self._directory, "ckpt-*")):
+      name = os.path.basename(file).split(".")[0]
+      if name in dropped or (_is_unique_name(name) and name not in kept):
+        tf.io.gfile.remove(file)
 
   def restore_latest(self) -> Optional[int]:
     """Restores the newest complete checkpoint; returns its step (None if none).
 
     Variables that do not exist yet (modules built on first call, optimizer
     slots) get their values when they are created.
+
+    Raises:
+      ValueError: a name given to the constructor is not in the checkpoint.
     """
     pointer = self._read_pointer()
     if pointer is None:
       return None
     path = os.path.join(self._directory, pointer["checkpoint"])
-    self._checkpoint.read(path).expect_partial()
-    repl = base.Replicator.newest()
-    if "inputs" in pointer and repl is not None:
-      repl.resume_inputs(pointer["inputs"], pointer["topology"])
+    self._restoring = tf.train.Checkpoint(**self._matched(path))
+    self._restoring.read(path).expect_partial()  # unbuilt variables come later
+    records = pointer.get("replicators")
+    if records is None and "inputs" in pointer:  # written before several replicators
+      records = [{"inputs": pointer["inputs"], "topology": pointer["topology"]}]
+    saved = resume.SavedPositions(records or [])
+    for repl in _open_replicators():
+      repl.resume_inputs(saved)
     return int(pointer["step"])
 
+  def _matched(self, path: str) -> dict:
+    """The trackables to restore from `path`, checked against what it holds."""
+    reader = tf.train.load_checkpoint(path)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    saved = {c.local_name: graph.nodes[c.node_id] for c in graph.nodes[0].children}
+    missing = sorted(set(self._trackables) - set(saved))
+    if missing:
+      raise ValueError(
+          f"trackables: the checkpoint {path} has no {missing}; it holds "
+          f"{sorted(saved)}. Pass the names it was saved with, e.g. "
+          f"Checkpointer(directory, {', '.join(f'{n}=...' for n in sorted(saved))}), "
+          "or save to another directory.")
+    unused = sorted(set(saved) - set(self._trackables))
+    if unused:
+      logging.warning(
+          "replicator: the checkpoint %s also holds %s, which nothing restores "
+          "(this Checkpointer was given %s).", path, unused, sorted(self._trackables))
+    return {name: _as_saved(trackable, saved[name])
+            for name, trackable in self._trackables.items()}
 
-def _input_state() -> dict:
-  """The input positions of this process's newest replicator, if any."""
-  repl = base.Replicator.newest()
-  if repl is None:
-    return {}
-  return {"inputs": repl.input_positions(),
-          "topology": [repl.num_workers, repl.num_local_replicas]}
+
+def _as_saved(trackable, node):
+  """`trackable`, or what matches `node` when an optimizer was saved (un)wrapped.
+
+  `wrap_optimizer`'s result keeps the optimizer it wraps as its child `_base`.
+  """
+  children = {c.local_name for c in node.children}
+  wrapped = isinstance(trackable, optimizers.ReplicatedOptimizer)
+  if wrapped and children and "_base" not in children:
+    return trackable.optimizer  # saved unwrapped: its own state only
+  if not wrapped and "_base" in children and _is_optimizer(trackable):
+    wrapper = tf.Module()
+    wrapper._base = trackable  # pylint: disable=protected-access
+    return wrapper
+  return trackable
+
+
+def _is_optimizer(trackable) -> bool:
+  try:
+    optimizers._kind(trackable)  # pylint: disable=protected-access
+  except TypeError:
+    return False
+  return True
+
+
+_NAME = re.compile(r"^ckpt-(\d+)(-[0-9a-f]{12})?$")  # suffixed: a unique name
+
+
+def _step_of(name: str) -> Optional[int]:
+  match = _NAME.match(name)
+  return int(match.group(1)) if match else None
+
+
+def _is_unique_name(name: str) -> bool:
+  match = _NAME.match(name)
+  return bool(match and match.group(2))
+
+
+def _open_replicators():
+  open_ = [r for r in list(base.Replicator.live) if not r._closed]  # pylint: disable=protected-access
+  return sorted(open_, key=lambda r: r._created)  # pylint: disable=protected-access
+
+
+def _is_chief() -> bool:
+  """Whether this process writes: worker 0 of its replicators' cluster.
+
+  A local replicator (one worker) says nothing about the cluster; without a
+  multi-worker one, TF_CONFIG decides (absent: a one-process job).
+  """
+  clustered = [r for r in list(base.Replicator.live) if r.num_workers > 1]
+  if clustered:
+    return all(r.is_chief for r in clustered)
+  return mesh_lib.worker_index_in_tf_config() == 0
+
+
+def _variables_of(trackable) -> list:
+  if isinstance(trackable, tf.Variable):
+    return [trackable]
+  if isinstance(trackable, tf.Module):  # Sonnet's .variables raises when empty
+    return list(tf.Module.variables.fget(trackable))
+  return list(getattr(trackable, "variables", None) or ())
+
+
+def _input_records(trackables: dict) -> list:
+  """The input positions and topology of every open replicator that took input.
+
+  First the replicators whose variables are saved, then the others; newest
+  first in each: the first record that names an input resumes it (in a
+  notebook, an older replicator may still be open).
+  """
+  saved = {id(getattr(v, "_value", v))  # a Keras 3 variable wraps ours
+           for trackable in trackables.values() for v in _variables_of(trackable)}
+
+  def owns_saved(repl):
+    return any(id(v) in saved for v in repl._factory.created)  # pylint: disable=protected-access
+
+  took_input = [r for r in reversed(_open_replicators()) if r.input_positions()]
+  ordered = sorted(took_input, key=lambda r: not owns_saved(r))  # stable
+  return [{"topology": [r.num_workers, r.num_local_replicas],
+           "inputs": r.input_positions()} for r in ordered]

@@ -1,8 +1,10 @@
 """Checkpointer: atomic saves, input position, any topology."""
 
+import logging
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -74,13 +76,217 @@ def test_restore_on_another_number_of_replicas(tmp_path):
 def test_a_crash_during_save_leaves_the_previous_checkpoint(tmp_path):
   script = os.path.join(os.path.dirname(__file__), "multiworker", "crash_during_save.py")
   done = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True,
-                        text=True, timeout=120)
+                        text=True, timeout=120, env=_env_importing_this_checkout())
   assert done.returncode == -9, done.stdout + done.stderr  # killed mid-save
-  assert (tmp_path / "ckpt-2.index").exists()  # the data of step 2 was written...
+  assert list(tmp_path.glob("ckpt-2-*.index"))  # the data of step 2 was written...
   counter = tf.Variable(0.0)
   checkpointer = replicator.Checkpointer(tmp_path, counter=counter)
   assert checkpointer.restore_latest() == 1  # ...but step 1 is what is visible
   assert float(counter) == 1.0
+
+
+def _env_importing_this_checkout():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = os.environ.get("PYTHONPATH")
+  return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+def test_saving_a_step_again_keeps_the_visible_checkpoint_until_the_pointer_moves(
+    tmp_path, monkeypatch):
+  counter = tf.Variable(1.0)
+  checkpointer = replicator.Checkpointer(tmp_path, counter=counter)
+  checkpointer.save(step=3)
+  counter.assign(2.0)
+  with monkeypatch.context() as patch:  # dies before the pointer is replaced
+    patch.setattr(tf.io.gfile, "rename", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+      checkpointer.save(step=3)
+  restored = tf.Variable(0.0)
+  assert replicator.Checkpointer(tmp_path, counter=restored).restore_latest() == 3
+  assert float(restored) == 1.0  # the visible step 3, not the half-saved one
+  counter.assign(5.0)
+  checkpointer.save(step=3)
+  checkpointer.save(step=4)
+  kept = checkpointer._read_pointer()["all"]  # pylint: disable=protected-access
+  assert len(kept) == 2
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["latest.json"] + [
+      f"{name}.{ext}" for name in kept
+      for ext in ("data-00000-of-00001", "index")])  # nothing superseded is left
+  assert replicator.Checkpointer(tmp_path, counter=restored).restore_latest() == 4
+  assert float(restored) == 5.0
+
+
+def test_a_directory_must_be_a_path_and_a_step_any_integer(tmp_path):
+  with pytest.raises(ValueError, match="directory"):
+    replicator.Checkpointer(None, counter=tf.Variable(1))
+  checkpointer = replicator.Checkpointer(tmp_path, counter=tf.Variable(1))
+  checkpointer.save(np.int64(3))
+  assert checkpointer.latest_step == 3
+  with pytest.raises(ValueError, match="step"):
+    checkpointer.save(np.float32(4))
+
+
+def test_only_the_chief_of_the_replicators_mesh_writes(tmp_path, monkeypatch):
+  class Worker1:  # a replicator of a cluster given without TF_CONFIG
+    num_workers, is_chief, _closed = 2, False, True
+
+  worker = Worker1()
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  monkeypatch.setattr(replicator.Replicator, "live", weakref.WeakSet([worker]))
+  checkpointer = replicator.Checkpointer(tmp_path, counter=tf.Variable(1))
+  assert checkpointer.save(step=1) is None
+  assert not list(tmp_path.iterdir())
+  worker.is_chief = True
+  assert checkpointer.save(step=1) is not None
+
+
+def test_a_name_the_checkpoint_lacks_is_an_error(tmp_path, caplog):
+  model = tf.Module()
+  model.w = tf.Variable(3.0)
+  replicator.Checkpointer(tmp_path, model=model, step=tf.Variable(7)).save(step=1)
+  model.w.assign(0.0)
+  with pytest.raises(ValueError, match=r"no \['net'\].*\['model', 'step'\].*model=\.\.\."):
+    replicator.Checkpointer(tmp_path, net=model).restore_latest()
+  assert float(model.w) == 0.0
+  with caplog.at_level(logging.WARNING):
+    assert replicator.Checkpointer(tmp_path, model=model).restore_latest() == 1
+  assert float(model.w) == 3.0
+  assert "also holds ['step'], which nothing restores" in caplog.text
+
+
+@pytest.mark.parametrize("saved_wrapped", [True, False])
+def test_an_optimizer_saved_wrapped_restores_into_the_one_it_wraps_and_back(
+    saved_wrapped, tmp_path):
+  def trainer():
+    repl = catalogue.make("gpu")
+    with repl.context():
+      model = catalogue.mlp()
+      optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+    x, y = catalogue.classification_data()
+    step_fn = catalogue.train_step(model, optimizer)
+    input_fn = catalogue.input_fn_for(x, y, 32)
+    return model, optimizer, lambda steps: repl.run(step_fn, input_fn, steps=steps)
+
+  model, optimizer, train = trainer()
+  train(2)
+  replicator.Checkpointer(tmp_path, model=model, optimizer=(
+      optimizer if saved_wrapped else optimizer.optimizer)).save(step=2)
+  train(1)
+  want = _state(model, optimizer)
+  model, optimizer, train = trainer()
+  replicator.Checkpointer(tmp_path, model=model, optimizer=(
+      optimizer.optimizer if saved_wrapped else optimizer)).restore_latest()
+  train(1)  # Adam's step count and moments came back, as the weights did
+  for got, expected in zip(_state(model, optimizer), want):
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_inputs_made_by_one_factory_resume_in_any_order(tmp_path, caplog):
+  def make_input(split, start):
+    def input_fn(ctx):
+      return tf.data.Dataset.range(start, start + 100).batch(1)
+    return input_fn
+
+  def run_script():
+    repl = catalogue.make("multi_gpu_2")
+    return repl, make_input("train", 0), make_input("eval", 1000), replicator.Checkpointer(
+        tmp_path, counter=tf.Variable(0))
+
+  repl, train, evaluate, checkpointer = run_script()
+  repl.run(lambda b: b, train, steps=5)
+  repl.run(lambda b: b, evaluate)
+  checkpointer.save(step=5)
+  repl.shutdown()
+  repl, train, evaluate, checkpointer = run_script()
+  checkpointer.restore_latest()
+  np.testing.assert_array_equal(repl.run(lambda b: b, evaluate).numpy(), [[1002], [1003]])
+  np.testing.assert_array_equal(repl.run(lambda b: b, train).numpy(), [[10], [11]])
+  repl.shutdown()
+
+  repl = catalogue.make("multi_gpu_2")
+  with caplog.at_level(logging.WARNING):
+    repl.run(lambda b: b, make_input("train", 0))
+    repl.run(lambda b: b, make_input("train", 0))
+  assert caplog.text.count("both named") == 1  # cannot be told apart: says how
+  assert "close over a constant that differs" in caplog.text
+
+
+def test_an_evaluation_replicator_made_later_keeps_the_training_input_position(tmp_path):
+  def train_input(ctx):
+    return tf.data.Dataset.range(100).batch(1)
+
+  def eval_input(ctx):
+    return tf.data.Dataset.range(1000, 1100).batch(1)
+
+  def run_script():
+    repl, evaluator = catalogue.make("multi_gpu_2"), catalogue.make("gpu")
+    return repl, evaluator, replicator.Checkpointer(tmp_path, counter=tf.Variable(0))
+
+  repl, evaluator, checkpointer = run_script()
+  repl.run(lambda b: b, train_input, steps=5)
+  evaluator.run(lambda b: b, eval_input, steps=3)
+  checkpointer.save(step=5)
+  repl.shutdown()
+  evaluator.shutdown()
+  repl, evaluator, checkpointer = run_script()
+  checkpointer.restore_latest()
+  np.testing.assert_array_equal(evaluator.run(lambda b: b, eval_input).numpy(), [[1003]])
+  np.testing.assert_array_equal(repl.run(lambda b: b, train_input).numpy(), [[10], [11]])
+  repl.shutdown()
+  evaluator.shutdown()
+
+
+def _draws(repl, generator, steps):
+  return [repl.run(lambda: generator.uniform([3])).numpy() for _ in range(steps)]
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "tpu_emulated_2"])
+def test_random_generator_streams_resume_exactly(name, tmp_path):
+  repl = catalogue.make(name)
+  want = _draws(repl, repl.random_generator(42), 4)
+  repl.shutdown()
+
+  repl = catalogue.make(name)
+  generator = repl.random_generator(42)
+  holder = tf.Module()
+  holder.rng = generator  # kept with the model, as a script does
+  _draws(repl, generator, 2)
+  replicator.Checkpointer(tmp_path, holder=holder).save(step=2)
+  repl.shutdown()
+
+  repl = catalogue.make(name)
+  generator = repl.random_generator(42)
+  holder = tf.Module()
+  holder.rng = generator
+  replicator.Checkpointer(tmp_path, holder=holder).restore_latest()
+  np.testing.assert_array_equal(np.stack(_draws(repl, generator, 2)), np.stack(want[2:]))
+  repl.shutdown()
+
+
+def test_random_generator_resumes_on_other_workers_and_other_replica_counts(
+    tmp_path, caplog):
+  def generators(replica_ids, num_replicas):
+    devices = [f"/device:CPU:{i}" for i in range(len(replica_ids))]
+    return replicator.randomness.ReplicaGenerator(7, replica_ids, num_replicas, devices)
+
+  everyone, chief = generators([0, 1, 2, 3], 4), generators([0, 1], 4)
+  for generator in everyone._generators + chief._generators:  # pylint: disable=protected-access
+    generator.uniform([5])  # every replica draws the same shapes
+  tf.train.Checkpoint(rng=chief).write(str(tmp_path / "ckpt"))
+
+  worker1 = generators([2, 3], 4)  # restores what worker 0 (the chief) saved
+  tf.train.Checkpoint(rng=worker1).read(str(tmp_path / "ckpt"))
+  got = [g.state.numpy() for g in worker1._generators]  # pylint: disable=protected-access
+  want = [g.state.numpy() for g in everyone._generators[2:]]  # pylint: disable=protected-access
+  assert len(got) == len(want) == 2
+  np.testing.assert_array_equal(got, want)
+
+  one = generators([0], 1)
+  with caplog.at_level(logging.WARNING):
+    tf.train.Checkpoint(rng=one).read(str(tmp_path / "ckpt"))
+  assert "saved on 4 replica(s) and is restored on 1" in caplog.text
+  np.testing.assert_array_equal(one._generators[0].state.numpy(),  # pylint: disable=protected-access
+                                chief._generators[0].state.numpy())  # pylint: disable=protected-access
 
 
 def test_inputs_with_the_same_name_keep_separate_positions(tmp_path):

@@ -11,7 +11,7 @@ LAYERS = {
     "cluster": 1, "packing": 1,
     "collectives": 2,
     "context": 3,
-    "variables": 4, "replica_ops": 4, "inputs": 4,
+    "variables": 4, "replica_ops": 4, "inputs": 4, "resume": 4,
     "randomness": 5, "nested_functions": 5, "optimizers": 5, "steps": 5, "keras_compat": 6,
     "base": 7,
     "testing": 7,
