@@ -184,6 +184,8 @@ class _ByReference:
 
 
 def _by_reference(args):
+  if not any(isinstance(leaf, tf.Variable) for leaf in tf.nest.flatten(args)):
+    return args
   return tf.nest.map_structure(
       lambda leaf: _ByReference(leaf) if isinstance(leaf, tf.Variable) else leaf, args)
 
@@ -203,8 +205,12 @@ def _signature(args):
     except TypeError:
       return ("object", id(leaf))
     return ("value", type(leaf), leaf)
-  structure = repr(tf.nest.map_structure(lambda _: 0, args))
-  return structure, tuple(leaf_key(leaf) for leaf in tf.nest.flatten(args))
+  flat = tf.nest.flatten(args)
+  if len(flat) == len(args) and all(a is leaf for a, leaf in zip(args, flat)):
+    structure = len(args)  # no nests: the common case, and quick
+  else:
+    structure = repr(tf.nest.map_structure(lambda _: 0, args))
+  return structure, tuple(leaf_key(leaf) for leaf in flat)
 
 
 class _Traced:
