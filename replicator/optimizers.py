@@ -37,6 +37,14 @@ def _as_tf_variable(variable):
   return variable
 
 
+def _reduce_op_fix(value) -> str:
+  """The replicator.ReduceOp a string or tf.distribute.ReduceOp stands for."""
+  name = getattr(value, "name", value)
+  if isinstance(name, str) and name.upper() in ("MEAN", "SUM"):
+    return f"; pass replicator.ReduceOp.{name.upper()}"
+  return ""
+
+
 class ReplicatedOptimizer(tf.Module):
   """Averages gradients over replicas, then applies the base optimizer once.
 
@@ -54,9 +62,10 @@ class ReplicatedOptimizer(tf.Module):
     if gradient_reduction not in (collectives.ReduceOp.MEAN,
                                   collectives.ReduceOp.SUM):
       raise ValueError(
-          f"gradient_reduction: expected ReduceOp.MEAN (loss is a per-replica "
-          f"mean) or ReduceOp.SUM (loss already divided by the global batch), "
-          f"got {gradient_reduction!r}.")
+          f"gradient_reduction: expected replicator.ReduceOp.MEAN (loss is a "
+          f"per-replica mean) or replicator.ReduceOp.SUM (loss already divided "
+          f"by the global batch), got {gradient_reduction!r}"
+          f"{_reduce_op_fix(gradient_reduction)}.")
     if clip_global_norm is not None and not clip_global_norm > 0:
       raise ValueError(
           f"clip_global_norm: expected a positive number or None, got "

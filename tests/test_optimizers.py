@@ -230,3 +230,11 @@ def test_a_sonnet_optimizer_trains_a_keras_layer(name):
   repl.assert_replicas_in_sync(list(layer.variables) + list(optimizer.variables))
   for got, want in zip(layer.variables, oracle.variables):
     assert catalogue.norm_relative(got.numpy(), want.numpy()) < 1e-5
+
+
+@pytest.mark.parametrize("reduction", [tf.distribute.ReduceOp.SUM, "sum", "MEAN"])
+def test_a_reduction_that_is_not_replicators_names_the_enum_to_pass(reduction):
+  repl = catalogue.make("gpu")
+  name = getattr(reduction, "name", reduction).upper()
+  with pytest.raises(ValueError, match=f"pass replicator.ReduceOp.{name}"):
+    repl.wrap_optimizer(snt.optimizers.SGD(0.1), gradient_reduction=reduction)
