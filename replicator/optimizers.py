@@ -45,6 +45,19 @@ def _reduce_op_fix(value) -> str:
   return ""
 
 
+def _clip_by_global_norm(grads, clip_norm):
+  """`tf.clip_by_global_norm` for gradients of several float dtypes.
+
+  TensorFlow's stacks the per-tensor norms, which fails when a model mixes
+  dtypes (bfloat16 or float64 layers beside float32 ones). The norm and the
+  scaling are computed in float32 (float64 if a gradient is float64); each
+  gradient is cast back to its own dtype.
+  """
+  wide = tf.float64 if any(g.dtype == tf.float64 for g in grads) else tf.float32
+  clipped, _ = tf.clip_by_global_norm([tf.cast(g, wide) for g in grads], clip_norm)
+  return [tf.cast(c, g.dtype) for c, g in zip(clipped, grads)]
+
+
 class ReplicatedOptimizer(tf.Module):
   """Averages gradients over replicas, then applies the base optimizer once.
 
@@ -143,7 +156,7 @@ class ReplicatedOptimizer(tf.Module):
 
   def _update(self, grads, variables):
     if self._clip_global_norm is not None:
-      grads, _ = tf.clip_by_global_norm(grads, self._clip_global_norm)
+      grads = _clip_by_global_norm(grads, self._clip_global_norm)
     return self._base.apply(grads, variables)
 
   def _accumulate(self, grads, variables, build_only):

@@ -238,3 +238,46 @@ def test_a_reduction_that_is_not_replicators_names_the_enum_to_pass(reduction):
   name = getattr(reduction, "name", reduction).upper()
   with pytest.raises(ValueError, match=f"pass replicator.ReduceOp.{name}"):
     repl.wrap_optimizer(snt.optimizers.SGD(0.1), gradient_reduction=reduction)
+
+
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4"])
+@pytest.mark.parametrize("dtype,atol", [(tf.float64, 1e-7), (tf.bfloat16, 4e-3)],
+                         ids=["float64", "bfloat16"])
+def test_clipping_gradients_of_mixed_float_dtypes(name, dtype, atol):
+  """The global norm spans every dtype (TensorFlow's own refuses to mix them)."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  data = np.linspace(1.5, 3.0, 6 * n).astype(np.float32)
+
+  def make_variables():
+    return tf.Variable(tf.ones([3]), name="w"), tf.Variable(tf.ones([2], dtype), name="v")
+
+  def loss_of(w, v, x):
+    return tf.reduce_mean((w * x[:, None] - 1.0) ** 2) + tf.cast(
+        tf.reduce_mean((v * tf.cast(x[:, None], dtype) - 1.0) ** 2), tf.float32)
+
+  with repl.context():
+    w, v = make_variables()
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.1), clip_global_norm=0.5)
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      loss = loss_of(w, v, batch[0])
+    optimizer.apply(tape.gradient(loss, [w, v]), [w, v])
+    return loss
+
+  repl.run(step_fn, catalogue.input_fn_for(data, data, 2 * n), steps=3)
+  oracle_w, oracle_v = make_variables()
+  oracle_optimizer = snt.optimizers.SGD(0.1)
+  for i in range(3):
+    with tf.GradientTape() as tape:
+      loss = loss_of(oracle_w, oracle_v, tf.constant(data[2 * n * i:2 * n * (i + 1)]))
+    grads = tape.gradient(loss, [oracle_w, oracle_v])
+    norm = np.sqrt(sum(np.sum(np.float64(g.numpy()) ** 2) for g in grads))
+    assert norm > 0.5  # clipped
+    oracle_optimizer.apply([g * tf.cast(0.5 / norm, g.dtype) for g in grads],
+                           [oracle_w, oracle_v])
+  np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-5, atol=atol / 40)
+  np.testing.assert_allclose(np.float64(v.numpy()), np.float64(oracle_v.numpy()),
+                             atol=atol)
+  assert np.all(np.float64(v.numpy()) < 0.99)  # trained
