@@ -137,6 +137,12 @@ class ReplicatedOptimizer(tf.Module):
           "variable, e.g. tape.gradient(loss, variables).")
     if self._kind == "sonnet":
       variables = [_as_tf_variable(v) for v in variables]
+    elif not self._base.built:
+      # As Keras' own apply does: built on every variable given, None gradients
+      # included, so a variable frozen at first can be trained later.
+      with keras.name_scope(self._base.name, caller=self._base):
+        self._base.build(variables)
+      self._base.built = True
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
     if not pairs:
       return None
