@@ -58,6 +58,13 @@ def _clip_by_global_norm(grads, clip_norm):
   return [tf.cast(c, g.dtype) for c, g in zip(clipped, grads)]
 
 
+def _assigns_a_variable(optimizer, name) -> bool:
+  """Whether setting `name` assigns a variable (Keras' learning_rate)."""
+  attribute = getattr(type(optimizer), name, None)
+  return (isinstance(attribute, property) and attribute.fset is not None and
+          isinstance(getattr(optimizer, name), (tf.Variable, keras.Variable)))
+
+
 class ReplicatedOptimizer(tf.Module):
   """Averages gradients over replicas, then applies the base optimizer once.
 
@@ -94,6 +101,7 @@ class ReplicatedOptimizer(tf.Module):
     self._all_reduce = all_reduce
     self._accumulators = None
     self._accumulated = None
+    self._compiled = False  # whether a tf.function traced an apply
 
   @property
   def optimizer(self):
@@ -113,6 +121,31 @@ class ReplicatedOptimizer(tf.Module):
       raise AttributeError(name)
     return getattr(self._base, name)
 
+  def __setattr__(self, name, value):
+    """Sets the base optimizer's public attributes on the base optimizer.
+
+    A value the base reads as a Python number (Sonnet's `learning_rate=0.1`,
+    Keras' `beta_1`) is a constant in the steps compiled already, so once a
+    step has used this optimizer, setting it raises instead of changing
+    nothing. Keras' `learning_rate` is a variable: setting it assigns it.
+    """
+    base = self.__dict__.get("_base")
+    if (base is None or name.startswith("_") or hasattr(type(self), name) or
+        not hasattr(base, name)):
+      super().__setattr__(name, value)
+      return
+    if self._compiled and not _assigns_a_variable(base, name):
+      raise ValueError(
+          f"{name}: the steps already compiled with this optimizer hold its "
+          f"value ({getattr(base, name)!r}) as a constant, so setting it would "
+          f"not change them. To change it during training make it a variable "
+          f"and assign to it: create the optimizer with one, e.g. "
+          f"snt.optimizers.SGD(tf.Variable(0.1)) inside repl.context(), and "
+          f"call optimizer.{name}.assign(new_value). (A Keras optimizer's "
+          f"learning_rate is a variable already: optimizer.learning_rate = x "
+          f"works.)")
+    setattr(base, name, value)
+
   # Sonnet: apply(updates, parameters). Keras: apply(grads, trainable_variables).
   def apply(self, updates: Sequence, parameters: Sequence = None):
     if parameters is None:
@@ -130,6 +163,8 @@ class ReplicatedOptimizer(tf.Module):
     return self._apply([g for g, _ in pairs], [v for _, v in pairs])
 
   def _apply(self, grads, variables):
+    if tf.inside_function():
+      self._compiled = True
     if len(grads) != len(variables):
       raise ValueError(
           f"updates/parameters: got {len(grads)} gradients for "

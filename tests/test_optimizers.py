@@ -315,3 +315,42 @@ def test_a_keras_optimizer_trains_a_variable_whose_first_gradient_was_none(name)
   np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-5)
   np.testing.assert_allclose(u.numpy(), oracle_u.numpy(), rtol=1e-5)
   assert np.all(u.numpy() > 1.1)  # trained
+
+
+@pytest.mark.parametrize("kind", ["keras", "sonnet"])
+def test_setting_the_learning_rate_on_the_wrapper_sets_the_optimizers(kind):
+  """Keras' learning_rate is a variable; Sonnet's float is compiled into the step."""
+  make = {"keras": keras.optimizers.SGD, "sonnet": snt.optimizers.SGD}[kind]
+  repl = catalogue.make("multi_gpu_4")
+  n = repl.num_replicas
+  data = np.linspace(0.5, 2.0, 8 * n).astype(np.float32)
+  w, _, optimizer = _quadratic_setup(repl, lambda: make(0.5))
+  optimizer.learning_rate = 0.1  # before the step compiles: both take it
+  oracle_w, oracle_optimizer = tf.Variable(tf.ones([3])), make(0.1)
+
+  def step(w, optimizer):
+    def step_fn(x):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((w * x[:, None] - 1.0) ** 2)
+      optimizer.apply(tape.gradient(loss, [w]), [w])
+      return loss
+    return step_fn
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
+
+  oracle_step = tf.function(step(oracle_w, oracle_optimizer))
+  step_fn = step(w, optimizer)
+  for i, learning_rate in enumerate([0.1, 0.03]):
+    if i and kind == "sonnet":
+      with pytest.raises(ValueError, match=r"optimizer.learning_rate.assign\("):
+        optimizer.learning_rate = learning_rate
+      learning_rate = 0.1  # unchanged
+    elif i:
+      optimizer.learning_rate = learning_rate
+      oracle_optimizer.learning_rate = learning_rate
+    assert float(optimizer.optimizer.learning_rate) == pytest.approx(learning_rate)
+    repl.run(step_fn, input_fn, steps=2)
+    for j in range(2 * i, 2 * i + 2):
+      oracle_step(tf.constant(data[2 * n * j:2 * n * (j + 1)]))
+  np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-6)
