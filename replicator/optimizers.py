@@ -53,9 +53,12 @@ def _clip_by_global_norm(grads, clip_norm):
   scaling are computed in float32 (float64 if a gradient is float64); each
   gradient is cast back to its own dtype.
   """
-  wide = tf.float64 if any(g.dtype == tf.float64 for g in grads) else tf.float32
-  clipped, _ = tf.clip_by_global_norm([tf.cast(g, wide) for g in grads], clip_norm)
-  return [tf.cast(c, g.dtype) for c, g in zip(clipped, grads)]
+  wide = (tf.float64 if any(g is not None and g.dtype == tf.float64 for g in grads)
+          else tf.float32)
+  clipped, _ = tf.clip_by_global_norm(
+      [None if g is None else tf.cast(g, wide) for g in grads], clip_norm)
+  return [None if g is None else tf.cast(c, g.dtype)
+          for c, g in zip(clipped, grads)]
 
 
 def _assigns_a_variable(optimizer, name) -> bool:
@@ -178,18 +181,21 @@ class ReplicatedOptimizer(tf.Module):
       with keras.name_scope(self._base.name, caller=self._base):
         self._base.build(variables)
       self._base.built = True
-    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    if not pairs:
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
       return None
-    grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
     replica = context.current()
     if replica is None:  # outside a step: a plain update of every copy
-      return self._base.apply(grads, variables)
+      return self._base_apply(grads, variables)
+    reduced = [grads[i] for i in present]
     if replica.group.num_replicas > 1:
-      grads = replica_ops.all_reduce(grads, self._gradient_reduction,
-                                     self._all_reduce)
+      reduced = replica_ops.all_reduce(reduced, self._gradient_reduction,
+                                       self._all_reduce)
     else:  # dense, as the reduction makes them: the same update on 1 or N replicas
-      grads = [tf.convert_to_tensor(g) for g in grads]
+      reduced = [tf.convert_to_tensor(g) for g in reduced]
+    grads = list(grads)
+    for i, grad in zip(present, reduced):
+      grads[i] = grad
     with context.writing_locally():
       if self._accumulate_steps == 1:
         return self._update(grads, variables)
@@ -198,6 +204,20 @@ class ReplicatedOptimizer(tf.Module):
   def _update(self, grads, variables):
     if self._clip_global_norm is not None:
       grads = _clip_by_global_norm(grads, self._clip_global_norm)
+    return self._base_apply(grads, variables)
+
+  def _base_apply(self, grads, variables):
+    """The base's apply, given the `None` gradients if it takes them.
+
+    Sonnet makes its slots on its first apply for every parameter given and
+    skips `None` updates; given only the others, a variable frozen at first
+    would get no slots and be skipped for good. Keras warns about `None`
+    gradients (its `LossScaleOptimizer` fails on them) and is built on every
+    variable beforehand, so it gets the others only.
+    """
+    if self._kind == "keras":
+      pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+      grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
     return self._base.apply(grads, variables)
 
   def _accumulate(self, grads, variables, build_only):
@@ -210,12 +230,13 @@ class ReplicatedOptimizer(tf.Module):
     if build_only:  # trace the update unconditionally so slots get created
       self._update(grads, variables)
     for accumulator, grad in zip(self._accumulators, grads):
-      accumulator.assign_add(tf.cast(grad, accumulator.dtype))
+      if grad is not None:
+        accumulator.assign_add(tf.cast(grad, accumulator.dtype))
     count = self._accumulated.assign_add(1)
 
     def apply_accumulated():
       scale = 1.0 / self._accumulate_steps
-      mean = [tf.cast(a.read_value() * scale, g.dtype)
+      mean = [None if g is None else tf.cast(a.read_value() * scale, g.dtype)
               for a, g in zip(self._accumulators, grads)]
       self._update(mean, variables)  # auto control deps: reads, then resets
       for accumulator in self._accumulators:

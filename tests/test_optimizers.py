@@ -284,14 +284,18 @@ def test_clipping_gradients_of_mixed_float_dtypes(name, dtype, atol):
 
 
 @pytest.mark.parametrize("name", ["gpu", "multi_gpu_4"])
-def test_a_keras_optimizer_trains_a_variable_whose_first_gradient_was_none(name):
-  """Keras builds on every variable given, so `u` frozen at first is known later."""
+@pytest.mark.parametrize("make_optimizer", [lambda: snt.optimizers.Adam(0.1),
+                                            lambda: keras.optimizers.Adam(0.1)],
+                         ids=["sonnet", "keras"])
+def test_a_variable_whose_first_gradient_was_none_is_trained_later(name,
+                                                                   make_optimizer):
+  """Both make slots for every variable given on the first apply, None or not."""
   repl = catalogue.make(name)
   n = repl.num_replicas
   data = np.linspace(0.5, 2.0, 8 * n).astype(np.float32)
-  w, u, optimizer = _quadratic_setup(repl, lambda: keras.optimizers.Adam(0.1))
+  w, u, optimizer = _quadratic_setup(repl, make_optimizer)
   oracle_w, oracle_u = tf.Variable(tf.ones([3])), tf.Variable(tf.ones([2]))
-  oracle_optimizer = keras.optimizers.Adam(0.1)
+  oracle_optimizer = make_optimizer()
 
   def step(w, u, optimizer, train_u):
     def step_fn(x):
@@ -306,12 +310,13 @@ def test_a_keras_optimizer_trains_a_variable_whose_first_gradient_was_none(name)
   def input_fn(ctx):
     return tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
 
-  for train_u, steps in ((False, 2), (True, 2)):
-    repl.run(step(w, u, optimizer, train_u), input_fn, steps=steps)
-    oracle_step = tf.function(step(oracle_w, oracle_u, oracle_optimizer, train_u))
-    for _ in range(steps):
-      i = int(oracle_optimizer.iterations.numpy())
-      oracle_step(tf.constant(data[2 * n * i:2 * n * (i + 1)]))
+  steps = {train_u: (step(w, u, optimizer, train_u),
+                     tf.function(step(oracle_w, oracle_u, oracle_optimizer, train_u)))
+           for train_u in (False, True)}
+  for i, train_u in enumerate((False, False, True, True)):
+    step_fn, oracle_step = steps[train_u]
+    repl.run(step_fn, input_fn)
+    oracle_step(tf.constant(data[2 * n * i:2 * n * (i + 1)]))
   np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-5)
   np.testing.assert_allclose(u.numpy(), oracle_u.numpy(), rtol=1e-5)
   assert np.all(u.numpy() > 1.1)  # trained
