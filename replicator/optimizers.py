@@ -74,6 +74,9 @@ class ReplicatedOptimizer(tf.Module):
   Built by `Replicator.wrap_optimizer`; it has the methods of the optimizer it
   wraps (`apply` for Sonnet; `apply_gradients` and `apply` for Keras) and
   forwards every other attribute (`learning_rate`, `iterations`, ...) to it.
+  With `accumulate_steps=k`, each list of variables given to `apply` counts
+  its own apply calls and applies the mean of its last k gradients on the k-th
+  (docs/design.md, "Optimizers").
   """
 
   def __init__(self, optimizer, *, clip_global_norm: Optional[float] = None,
@@ -102,8 +105,10 @@ class ReplicatedOptimizer(tf.Module):
     self._gradient_reduction = gradient_reduction
     self._accumulate_steps = accumulate_steps
     self._all_reduce = all_reduce
-    self._accumulators = None
-    self._accumulated = None
+    # Tracked (checkpointed) in creation order; `_lists` finds them.
+    self._accumulators = []  # one per variable
+    self._accumulated = []  # apply calls counted, one per parameter list
+    self._lists = _ParameterLists()
     self._compiled = False  # whether a tf.function traced an apply
 
   @property
@@ -114,10 +119,8 @@ class ReplicatedOptimizer(tf.Module):
   @property
   def variables(self):
     """The base optimizer's variables (slots, step count), then the accumulators."""
-    own = list(self._accumulators or [])
-    if self._accumulated is not None:
-      own.append(self._accumulated)
-    return tuple(self._base.variables) + tuple(own)
+    return (tuple(self._base.variables) + tuple(self._accumulators) +
+            tuple(self._accumulated))
 
   def __getattr__(self, name):
     if name.startswith("__") or name == "_base":
@@ -221,27 +224,73 @@ class ReplicatedOptimizer(tf.Module):
     return self._base.apply(grads, variables)
 
   def _accumulate(self, grads, variables, build_only):
-    if self._accumulators is None:
-      self._accumulators = [
-          tf.Variable(tf.zeros_like(v), trainable=False, name="accumulator")
-          for v in variables]
-      self._accumulated = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                      name="accumulated_steps")
+    """Adds the gradients to their variables' sums; the k-th apply of this
+    list of variables since the last update applies their mean."""
+    count, accumulators = self._lists.find(variables)
+    if count is None:  # the list's first apply (its step's first trace)
+      count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                          name="accumulated_steps")
+      accumulators = [tf.Variable(tf.zeros_like(v), trainable=False,
+                                  name="accumulator") for v in variables]
+      self._accumulated.append(count)
+      self._accumulators.extend(accumulators)
+      self._lists.add(variables, count, accumulators)
     if build_only:  # trace the update unconditionally so slots get created
       self._update(grads, variables)
-    for accumulator, grad in zip(self._accumulators, grads):
+    for accumulator, grad in zip(accumulators, grads):
       if grad is not None:
         accumulator.assign_add(tf.cast(grad, accumulator.dtype))
-    count = self._accumulated.assign_add(1)
+    counted = count.assign_add(1)
 
     def apply_accumulated():
       scale = 1.0 / self._accumulate_steps
       mean = [None if g is None else tf.cast(a.read_value() * scale, g.dtype)
-              for a, g in zip(self._accumulators, grads)]
+              for a, g in zip(accumulators, grads)]
       self._update(mean, variables)  # auto control deps: reads, then resets
-      for accumulator in self._accumulators:
+      for accumulator in accumulators:
         accumulator.assign(tf.zeros_like(accumulator))
       return tf.constant(True)
 
-    return tf.cond(count % self._accumulate_steps == 0, apply_accumulated,
+    return tf.cond(counted % self._accumulate_steps == 0, apply_accumulated,
                    lambda: tf.constant(False))
+
+
+class _ParameterLists:
+  """The lists of variables an accumulating optimizer was applied to.
+
+  Each list has its own count of apply calls and one sum per variable (in
+  the list's order), so two step functions that train different variables
+  with one optimizer accumulate k gradients each. Lists are matched as sets of
+  `id`s (Keras 3 variables are unhashable and have no `ref`); the variables are
+  held, so the ids stay theirs. Plain Python, out of tf.Module's tracking: the
+  optimizer's own lists hold the accumulators for checkpoints.
+  """
+
+  def __init__(self):
+    self._lists = []  # (ids, variables in the list's order, count, accumulators)
+
+  def find(self, variables):
+    """`(count, accumulators in this order)` of this list; `(None, None)` if new."""
+    ids = frozenset(id(v) for v in variables)
+    for known, known_variables, count, accumulators in self._lists:
+      if known == ids:
+        of = {id(v): a for v, a in zip(known_variables, accumulators)}
+        return count, [of[id(v)] for v in variables]
+      if known & ids:
+        raise ValueError(
+            f"accumulate_steps: apply got the variables {_names(variables)} "
+            f"after {_names(known_variables)}; they share "
+            f"{_names(v for v in variables if id(v) in known)}. An "
+            "accumulating optimizer counts and sums per list of variables, so "
+            "the lists it is applied to must be the same or share none. Pass "
+            "the same list at every step (a frozen variable's gradient may be "
+            "None), or wrap one optimizer per list.")
+    return None, None
+
+  def add(self, variables, count, accumulators):
+    self._lists.append((frozenset(id(v) for v in variables), list(variables),
+                        count, list(accumulators)))
+
+
+def _names(variables) -> str:
+  return "[" + ", ".join(getattr(v, "name", "?") for v in variables) + "]"

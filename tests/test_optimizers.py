@@ -359,3 +359,95 @@ def test_setting_the_learning_rate_on_the_wrapper_sets_the_optimizers(kind):
     for j in range(2 * i, 2 * i + 2):
       oracle_step(tf.constant(data[2 * n * j:2 * n * (j + 1)]))
   np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-6)
+
+
+def _loss_of(v, x, scale=1.0):
+  return scale * tf.reduce_mean((v * x[:, None] - 1.0) ** 2)
+
+
+def _accumulated_oracle(optimizer, variables, loss_fns, global_batches, k=2):
+  """On one device: every k batches, apply the mean of their gradients."""
+  for start in range(0, len(global_batches), k):
+    grads = []
+    for x in global_batches[start:start + k]:
+      with tf.GradientTape() as tape:
+        loss = loss_fns[start // k](tf.constant(x))
+      grads.append(tape.gradient(loss, variables))
+    mean = [None if g[0] is None else tf.add_n(g) / k for g in zip(*grads)]
+    optimizer.apply(mean, variables)
+
+
+def test_accumulating_two_variable_lists_with_one_optimizer_keeps_them_apart():
+  """Two step functions, run in turn, accumulate each their own k gradients."""
+  repl = catalogue.make("multi_gpu_4")
+  n = repl.num_replicas
+  data = np.linspace(0.5, 2.0, 8 * n).astype(np.float32)
+  with repl.context():
+    a, b = tf.Variable(tf.ones([3]), name="a"), tf.Variable(tf.ones([5]), name="b")
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.1), accumulate_steps=2)
+
+  def step(v, scale):
+    def step_fn(x):
+      with tf.GradientTape() as tape:
+        loss = _loss_of(v, x, scale)
+      optimizer.apply(tape.gradient(loss, [v]), [v])
+      return loss
+    return step_fn
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
+
+  step_a, step_b = step(a, 1.0), step(b, 3.0)
+  for step_fn in (step_a, step_b, step_a, step_b):  # one input stream for both
+    repl.run(step_fn, input_fn)
+  batches = [data[2 * n * i:2 * n * (i + 1)] for i in range(4)]
+  for v, scale, mine in ((a, 1.0, batches[0::2]), (b, 3.0, batches[1::2])):
+    oracle = tf.Variable(tf.ones(v.shape))
+    _accumulated_oracle(snt.optimizers.SGD(0.1), [oracle],
+                        [lambda x: _loss_of(oracle, x, scale)], mine)
+    np.testing.assert_allclose(v.numpy(), oracle.numpy(), rtol=1e-6)
+    assert np.all(v.numpy() < 0.999)
+
+  with repl.context():
+    c = tf.Variable(tf.ones([3]), name="c")
+  def overlapping(x):
+    with tf.GradientTape() as tape:
+      loss = _loss_of(a, x) + _loss_of(c, x)
+    optimizer.apply(tape.gradient(loss, [a, c]), [a, c])
+    return loss
+  with pytest.raises(ValueError, match="they share \\[a:0\\].*the same or share none"):
+    repl.run(overlapping, input_fn)
+
+
+@pytest.mark.parametrize("make_optimizer", [lambda: snt.optimizers.Adam(0.1),
+                                            lambda: keras.optimizers.Adam(0.1)],
+                         ids=["sonnet", "keras"])
+def test_accumulating_for_a_variable_frozen_at_first_trains_it_later(make_optimizer):
+  """`u`'s gradient is None for the first k steps, then it is trained."""
+  repl = catalogue.make("multi_gpu_4")
+  n = repl.num_replicas
+  data = np.linspace(0.5, 2.0, 8 * n).astype(np.float32)
+  w, u, optimizer = _quadratic_setup(repl, make_optimizer, accumulate_steps=2)
+  oracle_w, oracle_u = tf.Variable(tf.ones([3])), tf.Variable(tf.ones([2]))
+
+  def loss_fn(w, u, train_u):
+    return lambda x: _loss_of(w, x) + (_loss_of(u, x, 5.0) if train_u else 0.0)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(2, drop_remainder=True)
+
+  for train_u in (False, True):
+    def step_fn(x, train_u=train_u):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(w, u, train_u)(x)
+      optimizer.apply(tape.gradient(loss, [w, u]), [w, u])
+      return loss
+    repl.run(step_fn, input_fn, steps=2)
+  _accumulated_oracle(make_optimizer(), [oracle_w, oracle_u],
+                      [loss_fn(oracle_w, oracle_u, False),
+                       loss_fn(oracle_w, oracle_u, True)],
+                      [data[2 * n * i:2 * n * (i + 1)] for i in range(4)])
+  np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-5)
+  np.testing.assert_allclose(u.numpy(), oracle_u.numpy(), rtol=1e-5)
+  assert np.all(u.numpy() < 0.95)  # trained
+  repl.assert_replicas_in_sync([w, u] + list(optimizer.variables))
