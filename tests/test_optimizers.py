@@ -116,10 +116,13 @@ def test_accumulate_steps_applies_the_mean_every_kth_step(name, make_optimizer):
 
 @pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
 @pytest.mark.parametrize("make_optimizer", [lambda: snt.optimizers.SGD(1.0),
-                                            lambda: snt.optimizers.Adam(1.0)],
-                         ids=["sgd", "adam"])
+                                            lambda: snt.optimizers.Adam(1.0),
+                                            lambda: keras.optimizers.Adam(1.0),
+                                            lambda: keras.optimizers.Adagrad(1.0)],
+                         ids=["sgd", "adam", "keras_adam", "keras_adagrad"])
 def test_sparse_gradients_from_an_embedding_lookup(name, make_optimizer):
-  """Applied as dense gradients, on 1 replica as on N (Sonnet's sparse Adam differs)."""
+  """Applied as dense gradients, on 1 replica as on N (sparse Adam differs: Sonnet's
+  is lazy, Keras' squares a repeated index's slices apart)."""
   repl = catalogue.make(name)
   with repl.context():
     table = tf.Variable(tf.ones([4, 2]))
@@ -140,7 +143,7 @@ def test_sparse_gradients_from_an_embedding_lookup(name, make_optimizer):
     with tf.GradientTape() as tape:
       loss = tf.reduce_sum(tf.gather(oracle, indices))
     oracle_optimizer.apply([tf.convert_to_tensor(tape.gradient(loss, oracle))], [oracle])
-  np.testing.assert_allclose(table.numpy(), oracle.numpy(), rtol=1e-6)
+  np.testing.assert_allclose(table.numpy(), oracle.numpy(), rtol=1e-5)
 
 # Keras 3 optimizer options that act on the gradients or on their own state.
 # Each must act on the reduced gradients, once per step, as on one device.
