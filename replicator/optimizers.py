@@ -37,12 +37,46 @@ def _as_tf_variable(variable):
   return variable
 
 
+def _reduce_op_fix(value) -> str:
+  """The replicator.ReduceOp a string or tf.distribute.ReduceOp stands for."""
+  name = getattr(value, "name", value)
+  if isinstance(name, str) and name.upper() in ("MEAN", "SUM"):
+    return f"; pass replicator.ReduceOp.{name.upper()}"
+  return ""
+
+
+def _clip_by_global_norm(grads, clip_norm):
+  """`tf.clip_by_global_norm` for gradients of several float dtypes.
+
+  TensorFlow's stacks the per-tensor norms, which fails when a model mixes
+  dtypes (bfloat16 or float64 layers beside float32 ones). The norm and the
+  scaling are computed in float32 (float64 if a gradient is float64); each
+  gradient is cast back to its own dtype.
+  """
+  wide = (tf.float64 if any(g is not None and g.dtype == tf.float64 for g in grads)
+          else tf.float32)
+  clipped, _ = tf.clip_by_global_norm(
+      [None if g is None else tf.cast(g, wide) for g in grads], clip_norm)
+  return [None if g is None else tf.cast(c, g.dtype)
+          for c, g in zip(clipped, grads)]
+
+
+def _assigns_a_variable(optimizer, name) -> bool:
+  """Whether setting `name` assigns a variable (Keras' learning_rate)."""
+  attribute = getattr(type(optimizer), name, None)
+  return (isinstance(attribute, property) and attribute.fset is not None and
+          isinstance(getattr(optimizer, name), (tf.Variable, keras.Variable)))
+
+
 class ReplicatedOptimizer(tf.Module):
   """Averages gradients over replicas, then applies the base optimizer once.
 
   Built by `Replicator.wrap_optimizer`; it has the methods of the optimizer it
   wraps (`apply` for Sonnet; `apply_gradients` and `apply` for Keras) and
   forwards every other attribute (`learning_rate`, `iterations`, ...) to it.
+  With `accumulate_steps=k`, each list of variables given to `apply` counts
+  its own apply calls and applies the mean of its last k gradients on the k-th
+  (docs/design.md, "Optimizers").
   """
 
   def __init__(self, optimizer, *, clip_global_norm: Optional[float] = None,
@@ -54,9 +88,10 @@ class ReplicatedOptimizer(tf.Module):
     if gradient_reduction not in (collectives.ReduceOp.MEAN,
                                   collectives.ReduceOp.SUM):
       raise ValueError(
-          f"gradient_reduction: expected ReduceOp.MEAN (loss is a per-replica "
-          f"mean) or ReduceOp.SUM (loss already divided by the global batch), "
-          f"got {gradient_reduction!r}.")
+          f"gradient_reduction: expected replicator.ReduceOp.MEAN (loss is a "
+          f"per-replica mean) or replicator.ReduceOp.SUM (loss already divided "
+          f"by the global batch), got {gradient_reduction!r}"
+          f"{_reduce_op_fix(gradient_reduction)}.")
     if clip_global_norm is not None and not clip_global_norm > 0:
       raise ValueError(
           f"clip_global_norm: expected a positive number or None, got "
@@ -70,8 +105,11 @@ class ReplicatedOptimizer(tf.Module):
     self._gradient_reduction = gradient_reduction
     self._accumulate_steps = accumulate_steps
     self._all_reduce = all_reduce
-    self._accumulators = None
-    self._accumulated = None
+    # Tracked (checkpointed) in creation order; `_lists` finds them.
+    self._accumulators = []  # one per variable
+    self._accumulated = []  # apply calls counted, one per parameter list
+    self._lists = _ParameterLists()
+    self._compiled = False  # whether a tf.function traced an apply
 
   @property
   def optimizer(self):
@@ -81,15 +119,38 @@ class ReplicatedOptimizer(tf.Module):
   @property
   def variables(self):
     """The base optimizer's variables (slots, step count), then the accumulators."""
-    own = list(self._accumulators or [])
-    if self._accumulated is not None:
-      own.append(self._accumulated)
-    return tuple(self._base.variables) + tuple(own)
+    return (tuple(self._base.variables) + tuple(self._accumulators) +
+            tuple(self._accumulated))
 
   def __getattr__(self, name):
     if name.startswith("__") or name == "_base":
       raise AttributeError(name)
     return getattr(self._base, name)
+
+  def __setattr__(self, name, value):
+    """Sets the base optimizer's public attributes on the base optimizer.
+
+    A value the base reads as a Python number (Sonnet's `learning_rate=0.1`,
+    Keras' `beta_1`) is a constant in the steps compiled already, so once a
+    step has used this optimizer, setting it raises instead of changing
+    nothing. Keras' `learning_rate` is a variable: setting it assigns it.
+    """
+    base = self.__dict__.get("_base")
+    if (base is None or name.startswith("_") or hasattr(type(self), name) or
+        not hasattr(base, name)):
+      super().__setattr__(name, value)
+      return
+    if self._compiled and not _assigns_a_variable(base, name):
+      raise ValueError(
+          f"{name}: the steps already compiled with this optimizer hold its "
+          f"value ({getattr(base, name)!r}) as a constant, so setting it would "
+          f"not change them. To change it during training make it a variable "
+          f"and assign to it: create the optimizer with one, e.g. "
+          f"snt.optimizers.SGD(tf.Variable(0.1)) inside repl.context(), and "
+          f"call optimizer.{name}.assign(new_value). (A Keras optimizer's "
+          f"learning_rate is a variable already: optimizer.learning_rate = x "
+          f"works.)")
+    setattr(base, name, value)
 
   # Sonnet: apply(updates, parameters). Keras: apply(grads, trainable_variables).
   def apply(self, updates: Sequence, parameters: Sequence = None):
@@ -108,6 +169,8 @@ class ReplicatedOptimizer(tf.Module):
     return self._apply([g for g, _ in pairs], [v for _, v in pairs])
 
   def _apply(self, grads, variables):
+    if tf.inside_function():
+      self._compiled = True
     if len(grads) != len(variables):
       raise ValueError(
           f"updates/parameters: got {len(grads)} gradients for "
@@ -115,18 +178,27 @@ class ReplicatedOptimizer(tf.Module):
           "variable, e.g. tape.gradient(loss, variables).")
     if self._kind == "sonnet":
       variables = [_as_tf_variable(v) for v in variables]
-    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-    if not pairs:
+    elif not self._base.built:
+      # As Keras' own apply does: built on every variable given, None gradients
+      # included, so a variable frozen at first can be trained later.
+      with keras.name_scope(self._base.name, caller=self._base):
+        self._base.build(variables)
+      self._base.built = True
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
       return None
-    grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
     replica = context.current()
     if replica is None:  # outside a step: a plain update of every copy
-      return self._base.apply(grads, variables)
+      return self._base_apply(grads, variables)
+    reduced = [grads[i] for i in present]
     if replica.group.num_replicas > 1:
-      grads = replica_ops.all_reduce(grads, self._gradient_reduction,
-                                     self._all_reduce)
+      reduced = replica_ops.all_reduce(reduced, self._gradient_reduction,
+                                       self._all_reduce)
     else:  # dense, as the reduction makes them: the same update on 1 or N replicas
-      grads = [tf.convert_to_tensor(g) for g in grads]
+      reduced = [tf.convert_to_tensor(g) for g in reduced]
+    grads = list(grads)
+    for i, grad in zip(present, reduced):
+      grads[i] = grad
     with context.writing_locally():
       if self._accumulate_steps == 1:
         return self._update(grads, variables)
@@ -134,30 +206,91 @@ class ReplicatedOptimizer(tf.Module):
 
   def _update(self, grads, variables):
     if self._clip_global_norm is not None:
-      grads, _ = tf.clip_by_global_norm(grads, self._clip_global_norm)
+      grads = _clip_by_global_norm(grads, self._clip_global_norm)
+    return self._base_apply(grads, variables)
+
+  def _base_apply(self, grads, variables):
+    """The base's apply, given the `None` gradients if it takes them.
+
+    Sonnet makes its slots on its first apply for every parameter given and
+    skips `None` updates; given only the others, a variable frozen at first
+    would get no slots and be skipped for good. Keras warns about `None`
+    gradients (its `LossScaleOptimizer` fails on them) and is built on every
+    variable beforehand, so it gets the others only.
+    """
+    if self._kind == "keras":
+      pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+      grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
     return self._base.apply(grads, variables)
 
   def _accumulate(self, grads, variables, build_only):
-    if self._accumulators is None:
-      self._accumulators = [
-          tf.Variable(tf.zeros_like(v), trainable=False, name="accumulator")
-          for v in variables]
-      self._accumulated = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                      name="accumulated_steps")
+    """Adds the gradients to their variables' sums; the k-th apply of this
+    list of variables since the last update applies their mean."""
+    count, accumulators = self._lists.find(variables)
+    if count is None:  # the list's first apply (its step's first trace)
+      count = tf.Variable(0, dtype=tf.int64, trainable=False,
+                          name="accumulated_steps")
+      accumulators = [tf.Variable(tf.zeros_like(v), trainable=False,
+                                  name="accumulator") for v in variables]
+      self._accumulated.append(count)
+      self._accumulators.extend(accumulators)
+      self._lists.add(variables, count, accumulators)
     if build_only:  # trace the update unconditionally so slots get created
       self._update(grads, variables)
-    for accumulator, grad in zip(self._accumulators, grads):
-      accumulator.assign_add(tf.cast(grad, accumulator.dtype))
-    count = self._accumulated.assign_add(1)
+    for accumulator, grad in zip(accumulators, grads):
+      if grad is not None:
+        accumulator.assign_add(tf.cast(grad, accumulator.dtype))
+    counted = count.assign_add(1)
 
     def apply_accumulated():
       scale = 1.0 / self._accumulate_steps
-      mean = [tf.cast(a.read_value() * scale, g.dtype)
-              for a, g in zip(self._accumulators, grads)]
+      mean = [None if g is None else tf.cast(a.read_value() * scale, g.dtype)
+              for a, g in zip(accumulators, grads)]
       self._update(mean, variables)  # auto control deps: reads, then resets
-      for accumulator in self._accumulators:
+      for accumulator in accumulators:
         accumulator.assign(tf.zeros_like(accumulator))
       return tf.constant(True)
 
-    return tf.cond(count % self._accumulate_steps == 0, apply_accumulated,
+    return tf.cond(counted % self._accumulate_steps == 0, apply_accumulated,
                    lambda: tf.constant(False))
+
+
+class _ParameterLists:
+  """The lists of variables an accumulating optimizer was applied to.
+
+  Each list has its own count of apply calls and one sum per variable (in
+  the list's order), so two step functions that train different variables
+  with one optimizer accumulate k gradients each. Lists are matched as sets of
+  `id`s (Keras 3 variables are unhashable and have no `ref`); the variables are
+  held, so the ids stay theirs. Plain Python, out of tf.Module's tracking: the
+  optimizer's own lists hold the accumulators for checkpoints.
+  """
+
+  def __init__(self):
+    self._lists = []  # (ids, variables in the list's order, count, accumulators)
+
+  def find(self, variables):
+    """`(count, accumulators in this order)` of this list; `(None, None)` if new."""
+    ids = frozenset(id(v) for v in variables)
+    for known, known_variables, count, accumulators in self._lists:
+      if known == ids:
+        of = {id(v): a for v, a in zip(known_variables, accumulators)}
+        return count, [of[id(v)] for v in variables]
+      if known & ids:
+        raise ValueError(
+            f"accumulate_steps: apply got the variables {_names(variables)} "
+            f"after {_names(known_variables)}; they share "
+            f"{_names(v for v in variables if id(v) in known)}. An "
+            "accumulating optimizer counts and sums per list of variables, so "
+            "the lists it is applied to must be the same or share none. Pass "
+            "the same list at every step (a frozen variable's gradient may be "
+            "None), or wrap one optimizer per list.")
+    return None, None
+
+  def add(self, variables, count, accumulators):
+    self._lists.append((frozenset(id(v) for v in variables), list(variables),
+                        count, list(accumulators)))
+
+
+def _names(variables) -> str:
+  return "[" + ", ".join(getattr(v, "name", "?") for v in variables) + "]"

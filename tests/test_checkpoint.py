@@ -15,12 +15,13 @@ import catalogue
 import replicator
 
 
-def _trainer(name, directory):
+def _trainer(name, directory, accumulate_steps=1):
   repl = catalogue.make(name)
   x, y = catalogue.classification_data()
   with repl.context():
     model = catalogue.mlp()
-    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2),
+                                    accumulate_steps=accumulate_steps)
 
   def input_fn(ctx):
     ds = tf.data.Dataset.from_tensor_slices((x, y))
@@ -37,14 +38,17 @@ def _state(model, optimizer):
   return [v.numpy() for v in list(model.variables) + list(optimizer.variables)]
 
 
-def test_resume_on_the_same_topology_continues_exactly(tmp_path):
-  _, model, optimizer, checkpointer, train = _trainer("multi_gpu_2", tmp_path)
+@pytest.mark.parametrize("accumulate_steps", [1, 2])  # 2: saved mid-sum
+def test_resume_on_the_same_topology_continues_exactly(tmp_path, accumulate_steps):
+  _, model, optimizer, checkpointer, train = _trainer("multi_gpu_2", tmp_path,
+                                                      accumulate_steps)
   train(3)
   checkpointer.save(step=3)
   train(2)
   want = _state(model, optimizer)
 
-  repl, model, optimizer, checkpointer, train = _trainer("multi_gpu_2", tmp_path)
+  repl, model, optimizer, checkpointer, train = _trainer("multi_gpu_2", tmp_path,
+                                                         accumulate_steps)
   assert checkpointer.restore_latest() == 3
   train(2)  # the input continues at step 4
   for got, expected in zip(_state(model, optimizer), want):
