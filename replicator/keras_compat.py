@@ -1,6 +1,6 @@
 """Where Keras 3 (TensorFlow backend) needs help to be replica-correct.
 
-Both fixes patch Keras' TensorFlow backend, and only if Keras is already
+The fixes patch Keras' TensorFlow backend, and only if Keras is already
 imported (the library never imports it for you); `install` is idempotent and
 runs when a replicator is built and before a new step compiles. Each is guarded
 by a test that fails if the replicas go wrong again.
@@ -14,19 +14,27 @@ by a test that fails if the replicas go wrong again.
    a variable aggregated by SUM (a layer's counter) would get N times its old
    value plus the changes. They go to our variable's own `assign_add`, which
    sums the changes.
+3. `BatchNormalization(synchronized=True)`. Keras sums its statistics over the
+   replicas of the `tf.distribute` replica context, which inside a step is
+   the default one (a single replica): the flag did nothing. Inside a step the
+   sums go through our all-reduce instead, so the statistics are those of the
+   global batch, as under `MirroredStrategy`.
 """
 
 import sys
 
 import tensorflow as tf
 
+from replicator import collectives
 from replicator import context
 from replicator import randomness
+from replicator import replica_ops
 from replicator import variables
 
 _SEEDED_MODULES = ("keras.src.backend.tensorflow.random",
                    "keras.src.backend.tensorflow.image")
 _VARIABLE_MODULE = "keras.src.backend.tensorflow.core"
+_NN_MODULE = "keras.src.backend.tensorflow.nn"
 
 
 def _fold_replica_into_seed(draw_seed):
@@ -53,12 +61,32 @@ def _delegate_to_replicated(method):
   return update
 
 
+def _sum_over_replicas(compute_moments_sync):
+  """Keras' synchronized moments, summed over this step's replicas."""
+  def moments_over_replicas(x, axes, keepdims):
+    if context.current() is None:
+      return compute_moments_sync(x, axes, keepdims)
+    # As Keras computes them, with our all-reduce for the replica context's.
+    total, squares, count = replica_ops.all_reduce(
+        [tf.reduce_sum(x, axis=axes, keepdims=True),
+         tf.reduce_sum(tf.square(x), axis=axes, keepdims=True),
+         tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)],
+        collectives.ReduceOp.SUM)
+    mean = tf.math.divide_no_nan(total, count)
+    variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
+    if not keepdims:
+      mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+    return mean, variance
+  moments_over_replicas.replicator_original = compute_moments_sync
+  return moments_over_replicas
+
+
 def _variable_class():
   return getattr(sys.modules.get(_VARIABLE_MODULE), "Variable", None)
 
 
 def install():
-  """Applies both fixes if Keras is imported (idempotent)."""
+  """Applies the fixes if Keras is imported (idempotent)."""
   for name in _SEEDED_MODULES:
     module = sys.modules.get(name)
     draw_seed = getattr(module, "draw_seed", None)
@@ -69,3 +97,8 @@ def install():
     for method in ("assign_add", "assign_sub"):
       if not hasattr(getattr(variable_class, method), "replicator_original"):
         setattr(variable_class, method, _delegate_to_replicated(method))
+  nn = sys.modules.get(_NN_MODULE)
+  compute_moments_sync = getattr(nn, "_compute_moments_sync", None)
+  if (compute_moments_sync is not None and
+      not hasattr(compute_moments_sync, "replicator_original")):
+    nn._compute_moments_sync = _sum_over_replicas(compute_moments_sync)  # pylint: disable=protected-access

@@ -85,3 +85,46 @@ def test_a_sum_aggregated_keras_weight_adds_every_replicas_change(replicator_nam
   repl.run(counter, input_fn, steps=3)
   for copy in counter.seen.value.replicas:
     assert copy.numpy() == 3 * 4 * repl.num_replicas
+
+
+@pytest.mark.parametrize("replicator_name", sorted(catalogue.REPLICATORS))
+def test_synchronized_batch_normalization_uses_the_global_batch(replicator_name):
+  """Keras sums its statistics over tf.distribute's replica context, which a
+  step does not have: without the library's fix the flag did nothing."""
+  rng = np.random.RandomState(0)
+  x = rng.randn(16, 3).astype(np.float32)
+  x[:4] += 4.0  # replicas' batches differ in mean
+  y = rng.randn(16, 1).astype(np.float32)
+
+  def make():
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([
+        keras.Input((3,)), keras.layers.Dense(3),
+        keras.layers.BatchNormalization(momentum=0.5, synchronized=True),
+        keras.layers.Dense(1)])
+
+  repl = catalogue.make(replicator_name)
+  with repl.context():
+    model = make()
+    optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.1))
+  batch = 16 // repl.num_replicas
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+
+  def step_fn(data):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean((model(data[0], training=True) - data[1]) ** 2)
+    optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return repl.all_mean(loss)
+
+  loss = repl.run(step_fn, input_fn)
+  one_device = make()  # synchronized=True alone is plain batch norm
+  with tf.GradientTape() as tape:
+    expected = tf.reduce_mean((one_device(x, training=True) - y) ** 2)
+  keras.optimizers.SGD(0.1).apply(tape.gradient(expected, one_device.trainable_variables),
+                                  one_device.trainable_variables)
+  np.testing.assert_allclose(loss.numpy(), [expected.numpy()] * repl.num_replicas, rtol=1e-5)
+  for ours, theirs in zip(model.weights, one_device.weights):
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6,
+                               err_msg=ours.path)
