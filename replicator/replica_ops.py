@@ -29,10 +29,13 @@ def _flatten(value, method):
 def _collective(method, value, merge_fn, grad_fn, single_fn=lambda flat: flat):
   """Runs `merge_fn` over every replica's flat values; differentiable.
 
-  The gradient of a collective is a collective of the upstream gradients
-  (`grad_fn`), so that, as on one device with the whole batch, a replica's
-  input receives the gradient of every replica's loss (cross-replica batch
-  norm, losses over gathered values).
+  The gradient of a collective is a collective of the upstream gradients:
+  `grad_fn(xs, ys, summed_dys, replica)` gets this replica's float inputs,
+  their outputs and the sums over replicas of their upstream gradients, and
+  returns the inputs' gradients (it may run collectives of its own, every
+  replica in the same order). So, as on one device with the whole batch, a
+  replica's input receives the gradient of every replica's loss
+  (cross-replica batch norm, losses over gathered values).
   """
   replica = current_replica(method.split("(")[0])
   flat = _flatten(value, method)
@@ -57,8 +60,10 @@ def _collective(method, value, merge_fn, grad_fn, single_fn=lambda flat: flat):
               values, collectives.ReduceOp.SUM, replica.group.devices,
               num_replicas=replica.group.num_replicas, workers=replica.group.workers))
       grads = [None] * len(inputs)
-      for i, total in zip(floats, summed):
-        grads[i] = grad_fn(inputs[i], outputs[i], total, replica)
+      float_grads = grad_fn([inputs[i] for i in floats],
+                            [outputs[i] for i in floats], summed, replica)
+      for i, grad in zip(floats, float_grads):
+        grads[i] = grad
       return grads
 
     return outputs, backward
@@ -82,12 +87,22 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
     collectives.check_reducible(flat, op)
     return flat
 
-  def grad(x, y, summed_dy, replica):
+  def grad(xs, ys, summed_dys, replica):
     if op is collectives.ReduceOp.SUM:
-      return summed_dy
+      return summed_dys
     if op is collectives.ReduceOp.MEAN:
-      return summed_dy / tf.cast(replica.group.num_replicas, summed_dy.dtype)
-    return tf.where(tf.equal(x, y), summed_dy, tf.zeros_like(summed_dy))
+      n = replica.group.num_replicas
+      return [dy / tf.cast(n, dy.dtype) for dy in summed_dys]
+    # As tf.reduce_max's gradient: the replicas that tie for the extreme
+    # share it equally, element by element (else each got all of it).
+    ties = [tf.cast(tf.equal(x, y), x.dtype) for x, y in zip(xs, ys)]
+    counts = replica.collective(
+        f"the tie count of {method}", ties,
+        lambda values: collectives.all_reduce(
+            values, collectives.ReduceOp.SUM, replica.group.devices,
+            num_replicas=replica.group.num_replicas, workers=replica.group.workers))
+    return [tie * dy / tf.maximum(count, 1) for tie, dy, count
+            in zip(ties, summed_dys, counts)]
 
   return _collective(
       f"{method}({op.name})", value,
@@ -97,10 +112,13 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
 
 
 def all_gather(value, axis: int = 0):
-  def grad(x, y, summed_dy, replica):
-    del y
-    parts = tf.split(summed_dy, replica.group.num_replicas, axis=axis)
-    return tf.reshape(parts[replica.replica_id], tf.shape(x))  # scalars too
+  def grad(xs, ys, summed_dys, replica):
+    del ys
+    grads = []
+    for x, summed_dy in zip(xs, summed_dys):
+      parts = tf.split(summed_dy, replica.group.num_replicas, axis=axis)
+      grads.append(tf.reshape(parts[replica.replica_id], tf.shape(x)))  # scalars too
+    return grads
 
   return _collective(
       "all_gather", value,
@@ -110,11 +128,11 @@ def all_gather(value, axis: int = 0):
 
 
 def broadcast(value, source_replica: int = 0):
-  def grad(x, y, summed_dy, replica):
-    del x, y
+  def grad(xs, ys, summed_dys, replica):
+    del xs, ys
     if replica.replica_id == source_replica:
-      return summed_dy
-    return tf.zeros_like(summed_dy)
+      return summed_dys
+    return [tf.zeros_like(dy) for dy in summed_dys]
 
   return _collective(
       "broadcast", value,

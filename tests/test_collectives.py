@@ -307,3 +307,35 @@ def test_scalars_and_booleans(name):
     repl.run(lambda: repl.all_sum(tf.constant(True)))
   with pytest.raises(ValueError, match="axis: all_gather of scalars takes axis 0, got 1"):
     repl.run(lambda: repl.all_gather(tf.constant(1.0), axis=1))
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_replicas_that_tie_share_the_gradient_of_all_max_and_all_min(name, kind):
+  """As tf.reduce_max over the stacked values: the tied replicas split the
+  gradient, element by element (each got all of it, N times too much on N)."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  # Element 0 ties on every replica, element 1 on all but the last, element 2 nowhere.
+  scales = np.array([[1.0, 2.0, 0.5 * (r + 1)] for r in range(n)], np.float32)
+  scales[-1, 1] = -2.0 if kind == "max" else 4.0
+  weights = np.random.RandomState(5).randn(n, 3).astype(np.float32)
+  with repl.context():
+    w = tf.Variable([1.5, 1.0, 2.0])
+  collective = repl.all_max if kind == "max" else repl.all_min
+
+  def step_fn():
+    r = repl.replica_id
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(collective(w * tf.gather(scales, r)) * tf.gather(weights, r))
+    return repl.all_mean(tape.gradient(loss, w))
+
+  got = repl.run(step_fn).numpy()
+  v = tf.Variable([1.5, 1.0, 2.0])
+  reduce = tf.reduce_max if kind == "max" else tf.reduce_min
+  with tf.GradientTape() as tape:
+    y = reduce(tf.stack([v * scales[r] for r in range(n)]), 0)
+    total = tf.reduce_mean(tf.stack([tf.reduce_sum(y * weights[r]) for r in range(n)]))
+  want = tape.gradient(total, v).numpy()
+  for r in range(n):
+    np.testing.assert_allclose(got[r], want, rtol=1e-6)
