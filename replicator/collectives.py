@@ -194,6 +194,17 @@ def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
   return out
 
 
+def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
+  """`total / num_replicas` in `dtype`.
+
+  A sum of float16 values that was added in bfloat16 or float32 may exceed
+  float16's range where their mean does not: it is divided in float32 first.
+  """
+  if dtype == tf.float16 and total.dtype != dtype:
+    return tf.cast(tf.cast(total, tf.float32) / num_replicas, dtype)
+  return tf.cast(total, dtype) / tf.cast(num_replicas, dtype)
+
+
 def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp) -> None:
   """Raises for values `op` cannot reduce (checked on one replica too)."""
   if op in (ReduceOp.SUM, ReduceOp.MEAN) and any(t.dtype == tf.bool for t in tensors):
@@ -241,23 +252,33 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None
       narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
-      layout = packing.Layout.of([first[i].shape for i in group], narrow or dtype)
+      wire = narrow or dtype
+      layout = packing.Layout.of([first[i].shape for i in group], wire)
+      # A float16 sum overflows (to inf) above 65504 where the mean need not:
+      # a float16 mean divides each replica's bucket first, as PyTorch DDP
+      # does (exact for a power-of-two number of replicas, docs/design.md).
+      divide_first = (op is ReduceOp.MEAN and wire == tf.float16
+                      and not options.sum_in_float32)
       flat = []
       for replica, device in zip(values, devices):
         with tf.device(device):  # narrowed where it lives, so it travels narrow
-          flat.append(packing.pack([narrowed(replica[i]) for i in group], layout))
+          packed = packing.pack([narrowed(replica[i]) for i in group], layout)
+          if divide_first:
+            packed = packed / tf.cast(num_replicas, wire)
+          flat.append(packed)
       totals = _sum(flat, options, devices, workers)
+      divide_after = op is ReduceOp.MEAN and not divide_first
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
           # A compressed sum is unpacked first, then widened piece by piece.
           wide = total.dtype == dtype
-          if wide and op is ReduceOp.MEAN:
+          if wide and divide_after:
             total = total / tf.cast(num_replicas, dtype)
           pieces = packing.unpack(total, layout)
-          if not wide:
+          if not wide and divide_after:  # divided before a cast to float16
+            pieces = [_divided(p, num_replicas, dtype) for p in pieces]
+          elif not wide:
             pieces = [tf.cast(p, dtype) for p in pieces]
-            if op is ReduceOp.MEAN:
-              pieces = [p / tf.cast(num_replicas, dtype) for p in pieces]
         for index, piece in zip(group, pieces):
           results[r][index] = piece
   else:

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import sonnet as snt
 import tensorflow as tf
 
 import catalogue
@@ -339,3 +340,41 @@ def test_replicas_that_tie_share_the_gradient_of_all_max_and_all_min(name, kind)
   want = tape.gradient(total, v).numpy()
   for r in range(n):
     np.testing.assert_allclose(got[r], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("compression,sum_in_float32,rtol", [
+    (replicator.Compression.NONE, False, 2.0**-11),
+    (replicator.Compression.FP16, False, 1.5 * 2.0**-11),
+    (replicator.Compression.FP16, True, 1.5 * 2.0**-11),
+    (replicator.Compression.BF16, False, 1.5 * 2.0**-8)])
+def test_a_float16_mean_that_fits_does_not_overflow(dtype, compression, sum_in_float32, rtol):
+  """The sum of 4 replicas' float16 values passes 65504 (inf) where their mean does not."""
+  if compression is replicator.Compression.NONE and dtype == np.float32:
+    pytest.skip("nothing travels in float16")
+  repl = catalogue.make("multi_gpu_4")
+  values = np.array([[2e4, 3e4, 1e4 * (r + 3), 1.0 + r] for r in range(4)], dtype)
+  options = replicator.AllReduceOptions(compression=compression,
+                                        sum_in_float32=sum_in_float32)
+  got = repl.run(lambda: repl.all_reduce(
+      tf.gather(tf.constant(values), repl.replica_id), replicator.ReduceOp.MEAN,
+      options=options)).numpy()
+  assert got.dtype == dtype
+  want = values.astype(np.float64).mean(0)
+  for r in range(4):
+    np.testing.assert_allclose(got[r], want, rtol=rtol)
+
+
+def test_a_float16_variable_trained_on_a_large_mean_gradient():
+  repl = catalogue.make("multi_gpu_4")
+  with repl.context():
+    w = tf.Variable(tf.zeros([1], tf.float16))
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(1e-4))
+
+  def step_fn():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(w * tf.constant(20000.0, tf.float16))
+    optimizer.apply(tape.gradient(loss, [w]), [w])
+    return w.read_value()
+
+  np.testing.assert_array_equal(repl.run(step_fn).numpy(), [[-2.0]] * 4)  # not -inf
