@@ -41,9 +41,16 @@ class AllReduceOptions:
     pack_bytes: gradients are concatenated into buckets of at most this many
       bytes (per dtype) and each bucket is reduced with one collective.
     compression: `Compression.BF16` / `FP16` halve the bytes moved; the sum is
-      then computed in that precision too (relative error ~ 2**-8 for bf16;
-      TensorFlow's collective sums in the dtype it is given: 1.001 + 2.001 in
-      bfloat16 gives 3).
+      then computed in that precision too (relative error ~ 2**-8 for bf16,
+      2**-11 for fp16; TensorFlow's collective sums in the dtype it is given:
+      1.001 + 2.001 in bfloat16 gives 3). The relative error holds only
+      inside the dtype's range. `BF16` keeps float32's range (up to 3.4e38,
+      down to 1.2e-38). `FP16` does not: a value or a sum above 65504 becomes
+      inf, values below 6.1e-5 lose precision (subnormal) and values below
+      3e-8, half the smallest float16 (N times that for a MEAN, divided by the
+      N replicas before the sum so that a mean that fits does not overflow),
+      flush to 0, so small gradients vanish. Prefer `BF16` for gradients; `FP16` needs values known to lie
+      in its range (loss scaling).
     sum_in_float32: with compression, values still travel compressed but are
       added in float32: every value is rounded once, the sums not at all.
       Between workers this is an all-gather of the compressed buckets and a

@@ -378,3 +378,36 @@ def test_a_float16_variable_trained_on_a_large_mean_gradient():
     return w.read_value()
 
   np.testing.assert_array_equal(repl.run(step_fn).numpy(), [[-2.0]] * 4)  # not -inf
+
+
+def test_fp16_compression_range():
+  """FP16's error bound holds inside its range only: a sum above 65504 is inf and a
+  value below 3e-8 (times N for a mean) is 0. BF16 keeps float32's range."""
+  values = [[np.array([40000.0, 1e5, 1e-8, 1e-7, 3e-5], np.float32)] for _ in range(2)]
+  fp16 = replicator.AllReduceOptions(compression=replicator.Compression.FP16)
+  bf16 = replicator.AllReduceOptions(compression=replicator.Compression.BF16)
+  summed = _reduce_in_graph(values, fp16)[0][0][0].numpy()
+  averaged = _reduce_in_graph(values, fp16, replicator.ReduceOp.MEAN)[0][0][0].numpy()
+  np.testing.assert_array_equal(summed[:3], [np.inf, np.inf, 0.0])
+  np.testing.assert_allclose(summed[3:], [2e-7, 6e-5], rtol=0.2)  # subnormal: coarse
+  np.testing.assert_array_equal(averaged[:1], [40000.0])  # divided first: fits
+  assert averaged[1] == np.inf and averaged[2] == 0.0
+  # 1e-7 / 2 rounds to the subnormal 5.96e-8
+  np.testing.assert_allclose(averaged[3:], [1e-7, 3e-5], rtol=0.5)
+  for op, divisor in ((replicator.ReduceOp.SUM, 1), (replicator.ReduceOp.MEAN, 2)):
+    got = _reduce_in_graph(values, bf16, op)[0][0][0].numpy()
+    np.testing.assert_allclose(got, 2 * values[0][0] / divisor, rtol=2.0**-7)
+
+
+def test_wrap_optimizer_warns_once_about_fp16_gradients(caplog):
+  from replicator import optimizers  # pylint: disable=g-import-not-at-top
+  optimizers._warned_fp16.clear()  # pylint: disable=protected-access
+  repl = catalogue.make("multi_gpu_2")
+  fp16 = replicator.AllReduceOptions(compression=replicator.Compression.FP16)
+  with caplog.at_level("WARNING"):
+    for _ in range(2):
+      repl.wrap_optimizer(snt.optimizers.SGD(0.1), all_reduce=fp16)
+    repl.wrap_optimizer(snt.optimizers.SGD(0.1), all_reduce=replicator.AllReduceOptions(
+        compression=replicator.Compression.BF16))
+  warnings = [r for r in caplog.records if "Compression.FP16" in r.getMessage()]
+  assert len(warnings) == 1 and "65504" in warnings[0].getMessage()
