@@ -114,10 +114,19 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
 def all_gather(value, axis: int = 0):
   def grad(xs, ys, summed_dys, replica):
     del ys
+    # Each replica's part of the gathered gradient starts after the earlier
+    # replicas' parts, whose sizes may differ (allow_uneven_batches).
+    sizes = [tf.shape(collectives.gather_part(x, axis))[axis] for x in xs]
+    all_sizes = replica.collective(
+        "the part sizes of all_gather", sizes,
+        lambda values: collectives.all_gather(
+            values, 0, replica.group.devices, workers=replica.group.workers))
     grads = []
-    for x, summed_dy in zip(xs, summed_dys):
-      parts = tf.split(summed_dy, replica.group.num_replicas, axis=axis)
-      grads.append(tf.reshape(parts[replica.replica_id], tf.shape(x)))  # scalars too
+    for x, summed_dy, size, every in zip(xs, summed_dys, sizes, all_sizes):
+      along = tf.equal(tf.range(summed_dy.shape.rank), axis % summed_dy.shape.rank)
+      start = tf.reduce_sum(every[:replica.replica_id])
+      part = tf.slice(summed_dy, tf.where(along, start, 0), tf.where(along, size, -1))
+      grads.append(tf.reshape(part, tf.shape(x)))  # scalars too
     return grads
 
   return _collective(

@@ -411,3 +411,35 @@ def test_wrap_optimizer_warns_once_about_fp16_gradients(caplog):
         compression=replicator.Compression.BF16))
   warnings = [r for r in caplog.records if "Compression.FP16" in r.getMessage()]
   assert len(warnings) == 1 and "65504" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_all_gather_gradient_with_uneven_batches(axis):
+  """Parts of 5, 5, 5 and 1 rows: each replica's gradient is its own part of the
+  gathered gradient, as on one device (an equal split failed)."""
+  repl = catalogue.make("multi_gpu_4")
+  rng = np.random.RandomState(6)
+  data = rng.randn(16, 2).astype(np.float32)
+  weights = rng.randn(4, 16, 2).astype(np.float32)
+
+  def input_fn(ctx):
+    return replicator.allow_uneven_batches(tf.data.Dataset.from_tensor_slices(data).batch(5))
+
+  with repl.context():
+    w = tf.Variable([1.0, -2.0])
+  along = (lambda t: t) if axis == 0 else tf.transpose
+
+  def step_fn(x):
+    with tf.GradientTape() as tape:
+      gathered = along(repl.all_gather(along(tf.tanh(x * w)), axis=axis))
+      loss = tf.reduce_sum(gathered ** 2 * tf.gather(weights, repl.replica_id))
+    return repl.all_sum(tape.gradient(loss, w))
+
+  got = repl.run(step_fn, input_fn).numpy()
+  v = tf.Variable([1.0, -2.0])
+  with tf.GradientTape() as tape:
+    gathered = tf.tanh(data * v)
+    total = tf.add_n([tf.reduce_sum(gathered ** 2 * weights[r]) for r in range(4)])
+  want = tape.gradient(total, v).numpy()
+  for r in range(4):
+    np.testing.assert_allclose(got[r], want, rtol=1e-5)
