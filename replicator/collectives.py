@@ -212,8 +212,16 @@ def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
   return tf.cast(total, dtype) / tf.cast(num_replicas, dtype)
 
 
-def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp) -> None:
+def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp,
+                    method: str = "all_reduce") -> None:
   """Raises for values `op` cannot reduce (checked on one replica too)."""
+  for t in tensors:
+    if not (t.dtype.is_floating or t.dtype.is_integer or t.dtype.is_complex
+            or t.dtype == tf.bool):
+      raise TypeError(
+          f"{method}: cannot reduce {t.dtype.name} values (ReduceOp.{op.name}); "
+          "reductions take numbers, and booleans with ReduceOp.MAX / MIN. To "
+          "collect them from every replica, use all_gather.")
   if op in (ReduceOp.SUM, ReduceOp.MEAN) and any(t.dtype == tf.bool for t in tensors):
     raise TypeError(
         f"op: ReduceOp.{op.name} of booleans; use ReduceOp.MAX (any replica) or "

@@ -84,8 +84,14 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
   op = collectives.check_reduce_op(op)
 
   def single(flat):  # one replica: the identity, after N replicas' checks
-    collectives.check_reducible(flat, op)
+    collectives.check_reducible(flat, op, method)
     return flat
+
+  def merge(values, group):
+    collectives.check_reducible(values[0], op, method)
+    return collectives.all_reduce(values, op, group.devices, options,
+                                  num_replicas=group.num_replicas,
+                                  workers=group.workers)
 
   def grad(xs, ys, summed_dys, replica):
     if op is collectives.ReduceOp.SUM:
@@ -104,11 +110,7 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
     return [tie * dy / tf.maximum(count, 1) for tie, dy, count
             in zip(ties, summed_dys, counts)]
 
-  return _collective(
-      f"{method}({op.name})", value,
-      lambda values, group: collectives.all_reduce(
-          values, op, group.devices, options, num_replicas=group.num_replicas,
-          workers=group.workers), grad, single)
+  return _collective(f"{method}({op.name})", value, merge, grad, single)
 
 
 def all_gather(value, axis: int = 0):

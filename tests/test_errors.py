@@ -289,3 +289,18 @@ def test_collective_inside_a_tensor_conditional():
 
   with pytest.raises(NotImplementedError, match="inside a tf.cond"):
     repl.run(step_fn, args=(tf.constant(1.0),))
+
+
+@pytest.mark.parametrize("method,value,match", [
+    ("all_sum", lambda: tf.constant("a"),
+     r"all_sum: cannot reduce string values \(ReduceOp.SUM\).*use all_gather"),
+    ("all_max", lambda: tf.constant(["a", "b"]), r"all_max: cannot reduce string values"),
+])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+def test_values_a_collective_cannot_reduce(name, method, value, match):
+  repl = catalogue.make(name)
+  with pytest.raises(TypeError, match=match):
+    repl.run(lambda: getattr(repl, method)(value()))
+  assert repl.run(lambda: repl.all_sum(tf.complex(1.0, 2.0))).numpy()[0] == (
+      repl.num_replicas * (1 + 2j))  # complex sums still work
+
