@@ -232,6 +232,13 @@ def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp,
     raise TypeError(
         f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
         "first or use ReduceOp.SUM.")
+  if op in (ReduceOp.MAX, ReduceOp.MIN):
+    for t in tensors:
+      if t.dtype.is_complex:
+        raise TypeError(
+            f"{method}: {t.dtype.name} values have no order, so ReduceOp."
+            f"{op.name} is undefined for them; reduce tf.math.real, tf.math.imag "
+            "or tf.abs of them instead.")
 
 
 def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:

@@ -295,6 +295,10 @@ def test_collective_inside_a_tensor_conditional():
     ("all_sum", lambda: tf.constant("a"),
      r"all_sum: cannot reduce string values \(ReduceOp.SUM\).*use all_gather"),
     ("all_max", lambda: tf.constant(["a", "b"]), r"all_max: cannot reduce string values"),
+    ("all_max", lambda: tf.complex(1.0, 2.0),
+     r"all_max: complex64 values have no order.*tf.math.real, tf.math.imag or tf.abs"),
+    ("all_min", lambda: {"a": tf.constant(1.0), "b": tf.complex(1.0, 2.0)},
+     r"all_min: complex64 values have no order"),
 ])
 @pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
 def test_values_a_collective_cannot_reduce(name, method, value, match):
