@@ -241,6 +241,23 @@ def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp,
             "or tf.abs of them instead.")
 
 
+def check_same_shapes(values: List[List[tf.Tensor]], method: str,
+                      first_replica_id: int = 0) -> None:
+  """Raises if a tensor's static shape differs between replicas."""
+  for index, tensor in enumerate(values[0]):
+    shapes = [replica[index].shape for replica in values]
+    if not all(shape.is_compatible_with(tensor.shape) for shape in shapes):
+      listed = ", ".join(f"replica {first_replica_id + r}: {shape}"
+                         for r, shape in enumerate(shapes))
+      where = (f"tensor {index} of the {len(values[0])} in the value"
+               if len(values[0]) > 1 else "the value")
+      raise ValueError(
+          f"{method}: {where} has a different shape on each replica ({listed}); "
+          "a reduction combines tensors of one shape. Reduce each replica's "
+          "tensor to a common shape first (tf.reduce_sum over the rows, say), "
+          "or use all_gather to concatenate parts of different sizes.")
+
+
 def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
   """A replica's part of an all-gather: scalars become vectors of one."""
   if part.shape.rank != 0:

@@ -89,6 +89,7 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
 
   def merge(values, group):
     collectives.check_reducible(values[0], op, method)
+    collectives.check_same_shapes(values, method, group.first_replica_id)
     return collectives.all_reduce(values, op, group.devices, options,
                                   num_replicas=group.num_replicas,
                                   workers=group.workers)

@@ -308,3 +308,18 @@ def test_values_a_collective_cannot_reduce(name, method, value, match):
   assert repl.run(lambda: repl.all_sum(tf.complex(1.0, 2.0))).numpy()[0] == (
       repl.num_replicas * (1 + 2j))  # complex sums still work
 
+
+def test_reduction_of_values_whose_shapes_differ_between_replicas():
+  repl = catalogue.make("multi_gpu_2")
+
+  def step_fn():
+    rows = tf.zeros(tf.stack([repl.replica_id + 3, 2]))  # static: [3, 2] and [4, 2]
+    return repl.all_sum({"a": tf.constant(1.0), "rows": rows})
+
+  with pytest.raises(ValueError, match=(
+      r"all_sum: tensor 1 of the 2 in the value has a different shape on each replica "
+      r"\(replica 0: \(3, 2\), replica 1: \(4, 2\)\).*all_gather")):
+    repl.run(step_fn)
+  with pytest.raises(ValueError, match=r"all_max: the value has a different shape"):
+    # tf.maximum would have broadcast [1] against [2] silently
+    repl.run(lambda: repl.all_max(tf.zeros(tf.stack([repl.replica_id + 1]))))
