@@ -1,5 +1,7 @@
 """Collectives as seen from inside a step: nests in, nests out, for this replica."""
 
+import numbers
+
 import tensorflow as tf
 
 from replicator import collectives
@@ -140,6 +142,20 @@ def all_gather(value, axis: int = 0):
 
 
 def broadcast(value, source_replica: int = 0):
+  replica = current_replica("broadcast")
+  if (not isinstance(source_replica, numbers.Integral)
+      or isinstance(source_replica, bool)):
+    raise TypeError(
+        f"broadcast: source_replica must be a Python int (a replica id known "
+        f"when the step is traced), got {source_replica!r}. To choose the "
+        "source at run time, all_sum(tf.where(repl.replica_id == source, "
+        "value, tf.zeros_like(value))).")
+  source_replica = int(source_replica)
+  if not 0 <= source_replica < replica.group.num_replicas:
+    raise ValueError(
+        f"broadcast: source_replica must be in [0, {replica.group.num_replicas}), "
+        f"got {source_replica}.")
+
   def grad(xs, ys, summed_dys, replica):
     del xs, ys
     if replica.replica_id == source_replica:

@@ -309,6 +309,22 @@ def test_values_a_collective_cannot_reduce(name, method, value, match):
       repl.num_replicas * (1 + 2j))  # complex sums still work
 
 
+@pytest.mark.parametrize("source,error,match", [
+    (lambda: tf.constant(1), TypeError,
+     r"broadcast: source_replica must be a Python int .*got <tf.Tensor.*tf.where"),
+    (lambda: 1.0, TypeError, r"broadcast: source_replica must be a Python int .*got 1.0"),
+    (lambda: True, TypeError, r"got True"),
+    (lambda: 2, ValueError, r"broadcast: source_replica must be in \[0, 2\), got 2"),
+])
+def test_broadcast_source_replica_not_a_replica_id(source, error, match):
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(error, match=match):
+    repl.run(lambda: repl.broadcast(tf.constant(1.0), source_replica=source()))
+  np.testing.assert_array_equal(  # a NumPy integer is an int
+      repl.run(lambda: repl.broadcast(tf.cast(repl.replica_id, tf.float32),
+                                      source_replica=np.int64(1))).numpy(), [1.0, 1.0])
+
+
 def test_reduction_of_values_whose_shapes_differ_between_replicas():
   repl = catalogue.make("multi_gpu_2")
 
