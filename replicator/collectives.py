@@ -9,6 +9,7 @@ rendezvous, no transport of our own.
 
 import dataclasses
 import enum
+import numbers
 from typing import List, Sequence
 
 import tensorflow as tf
@@ -68,15 +69,24 @@ class AllReduceOptions:
   sum_in_float32: bool = False
 
   def __post_init__(self):
-    if not isinstance(self.pack_bytes, int) or self.pack_bytes <= 0:
+    if (not isinstance(self.pack_bytes, int) or isinstance(self.pack_bytes, bool)
+        or self.pack_bytes <= 0):
       raise ValueError(
           f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
     if not isinstance(self.compression, Compression):
       raise TypeError(
           f"compression: expected a replicator.Compression, got "
           f"{self.compression!r}; use e.g. Compression.BF16.")
+    if (not isinstance(self.timeout_s, numbers.Real)
+        or isinstance(self.timeout_s, bool)):
+      raise TypeError(
+          f"timeout_s: expected a number of seconds (int or float), got "
+          f"{self.timeout_s!r}; e.g. timeout_s=60.0.")
     if self.timeout_s <= 0:
       raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s!r}.")
+    if not isinstance(self.sum_in_float32, bool):
+      raise TypeError(
+          f"sum_in_float32: expected True or False, got {self.sum_in_float32!r}.")
     if self.sum_in_float32 and self.compression is Compression.NONE:
       raise ValueError(
           "sum_in_float32: True only changes a compressed all-reduce, and "

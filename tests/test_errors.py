@@ -325,6 +325,19 @@ def test_broadcast_source_replica_not_a_replica_id(source, error, match):
                                       source_replica=np.int64(1))).numpy(), [1.0, 1.0])
 
 
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(timeout_s="5"), TypeError, r"timeout_s: expected a number of seconds .*got '5'"),
+    (dict(timeout_s=True), TypeError, r"timeout_s: expected a number of seconds .*got True"),
+    (dict(pack_bytes=True), ValueError, r"pack_bytes: expected a positive int, got True"),
+    (dict(compression=replicator.Compression.BF16, sum_in_float32="yes"), TypeError,
+     r"sum_in_float32: expected True or False, got 'yes'"),
+])
+def test_all_reduce_options_of_the_wrong_type(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    replicator.AllReduceOptions(**kwargs)
+  assert replicator.AllReduceOptions(timeout_s=np.float32(5.0)).timeout_s == 5.0
+
+
 def test_reduction_of_values_whose_shapes_differ_between_replicas():
   repl = catalogue.make("multi_gpu_2")
 
