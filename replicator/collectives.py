@@ -50,8 +50,8 @@ class AllReduceOptions:
       inf, values below 6.1e-5 lose precision (subnormal) and values below
       3e-8, half the smallest float16 (N times that for a MEAN, divided by the
       N replicas before the sum so that a mean that fits does not overflow),
-      flush to 0, so small gradients vanish. Prefer `BF16` for gradients; `FP16` needs values known to lie
-      in its range (loss scaling).
+      flush to 0, so small gradients vanish. Prefer `BF16` for gradients;
+      `FP16` needs values known to lie in its range (loss scaling).
     sum_in_float32: with compression, values still travel compressed but are
       added in float32: every value is rounded once, the sums not at all.
       Between workers this is an all-gather of the compressed buckets and a
