@@ -9,6 +9,7 @@ rendezvous, no transport of our own.
 
 import dataclasses
 import enum
+import numbers
 from typing import List, Sequence
 
 import tensorflow as tf
@@ -41,9 +42,16 @@ class AllReduceOptions:
     pack_bytes: gradients are concatenated into buckets of at most this many
       bytes (per dtype) and each bucket is reduced with one collective.
     compression: `Compression.BF16` / `FP16` halve the bytes moved; the sum is
-      then computed in that precision too (relative error ~ 2**-8 for bf16;
-      TensorFlow's collective sums in the dtype it is given: 1.001 + 2.001 in
-      bfloat16 gives 3).
+      then computed in that precision too (relative error ~ 2**-8 for bf16,
+      2**-11 for fp16; TensorFlow's collective sums in the dtype it is given:
+      1.001 + 2.001 in bfloat16 gives 3). The relative error holds only
+      inside the dtype's range. `BF16` keeps float32's range (up to 3.4e38,
+      down to 1.2e-38). `FP16` does not: a value or a sum above 65504 becomes
+      inf, values below 6.1e-5 lose precision (subnormal) and values below
+      3e-8, half the smallest float16 (N times that for a MEAN, divided by the
+      N replicas before the sum so that a mean that fits does not overflow),
+      flush to 0, so small gradients vanish. Prefer `BF16` for gradients;
+      `FP16` needs values known to lie in its range (loss scaling).
     sum_in_float32: with compression, values still travel compressed but are
       added in float32: every value is rounded once, the sums not at all.
       Between workers this is an all-gather of the compressed buckets and a
@@ -61,15 +69,24 @@ class AllReduceOptions:
   sum_in_float32: bool = False
 
   def __post_init__(self):
-    if not isinstance(self.pack_bytes, int) or self.pack_bytes <= 0:
+    if (not isinstance(self.pack_bytes, int) or isinstance(self.pack_bytes, bool)
+        or self.pack_bytes <= 0):
       raise ValueError(
           f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
     if not isinstance(self.compression, Compression):
       raise TypeError(
           f"compression: expected a replicator.Compression, got "
           f"{self.compression!r}; use e.g. Compression.BF16.")
+    if (not isinstance(self.timeout_s, numbers.Real)
+        or isinstance(self.timeout_s, bool)):
+      raise TypeError(
+          f"timeout_s: expected a number of seconds (int or float), got "
+          f"{self.timeout_s!r}; e.g. timeout_s=60.0.")
     if self.timeout_s <= 0:
       raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s!r}.")
+    if not isinstance(self.sum_in_float32, bool):
+      raise TypeError(
+          f"sum_in_float32: expected True or False, got {self.sum_in_float32!r}.")
     if self.sum_in_float32 and self.compression is Compression.NONE:
       raise ValueError(
           "sum_in_float32: True only changes a compressed all-reduce, and "
@@ -194,8 +211,27 @@ def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
   return out
 
 
-def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp) -> None:
+def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
+  """`total / num_replicas` in `dtype`.
+
+  A sum of float16 values that was added in bfloat16 or float32 may exceed
+  float16's range where their mean does not: it is divided in float32 first.
+  """
+  if dtype == tf.float16 and total.dtype != dtype:
+    return tf.cast(tf.cast(total, tf.float32) / num_replicas, dtype)
+  return tf.cast(total, dtype) / tf.cast(num_replicas, dtype)
+
+
+def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp,
+                    method: str = "all_reduce") -> None:
   """Raises for values `op` cannot reduce (checked on one replica too)."""
+  for t in tensors:
+    if not (t.dtype.is_floating or t.dtype.is_integer or t.dtype.is_complex
+            or t.dtype == tf.bool):
+      raise TypeError(
+          f"{method}: cannot reduce {t.dtype.name} values (ReduceOp.{op.name}); "
+          "reductions take numbers, and booleans with ReduceOp.MAX / MIN. To "
+          "collect them from every replica, use all_gather.")
   if op in (ReduceOp.SUM, ReduceOp.MEAN) and any(t.dtype == tf.bool for t in tensors):
     raise TypeError(
         f"op: ReduceOp.{op.name} of booleans; use ReduceOp.MAX (any replica) or "
@@ -206,6 +242,30 @@ def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp) -> None:
     raise TypeError(
         f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
         "first or use ReduceOp.SUM.")
+  if op in (ReduceOp.MAX, ReduceOp.MIN):
+    for t in tensors:
+      if t.dtype.is_complex:
+        raise TypeError(
+            f"{method}: {t.dtype.name} values have no order, so ReduceOp."
+            f"{op.name} is undefined for them; reduce tf.math.real, tf.math.imag "
+            "or tf.abs of them instead.")
+
+
+def check_same_shapes(values: List[List[tf.Tensor]], method: str,
+                      first_replica_id: int = 0) -> None:
+  """Raises if a tensor's static shape differs between replicas."""
+  for index, tensor in enumerate(values[0]):
+    shapes = [replica[index].shape for replica in values]
+    if not all(shape.is_compatible_with(tensor.shape) for shape in shapes):
+      listed = ", ".join(f"replica {first_replica_id + r}: {shape}"
+                         for r, shape in enumerate(shapes))
+      where = (f"tensor {index} of the {len(values[0])} in the value"
+               if len(values[0]) > 1 else "the value")
+      raise ValueError(
+          f"{method}: {where} has a different shape on each replica ({listed}); "
+          "a reduction combines tensors of one shape. Reduce each replica's "
+          "tensor to a common shape first (tf.reduce_sum over the rows, say), "
+          "or use all_gather to concatenate parts of different sizes.")
 
 
 def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
@@ -241,23 +301,33 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None
       narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
-      layout = packing.Layout.of([first[i].shape for i in group], narrow or dtype)
+      wire = narrow or dtype
+      layout = packing.Layout.of([first[i].shape for i in group], wire)
+      # A float16 sum overflows (to inf) above 65504 where the mean need not:
+      # a float16 mean divides each replica's bucket first, as PyTorch DDP
+      # does (exact for a power-of-two number of replicas, docs/design.md).
+      divide_first = (op is ReduceOp.MEAN and wire == tf.float16
+                      and not options.sum_in_float32)
       flat = []
       for replica, device in zip(values, devices):
         with tf.device(device):  # narrowed where it lives, so it travels narrow
-          flat.append(packing.pack([narrowed(replica[i]) for i in group], layout))
+          packed = packing.pack([narrowed(replica[i]) for i in group], layout)
+          if divide_first:
+            packed = packed / tf.cast(num_replicas, wire)
+          flat.append(packed)
       totals = _sum(flat, options, devices, workers)
+      divide_after = op is ReduceOp.MEAN and not divide_first
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
           # A compressed sum is unpacked first, then widened piece by piece.
           wide = total.dtype == dtype
-          if wide and op is ReduceOp.MEAN:
+          if wide and divide_after:
             total = total / tf.cast(num_replicas, dtype)
           pieces = packing.unpack(total, layout)
-          if not wide:
+          if not wide and divide_after:  # divided before a cast to float16
+            pieces = [_divided(p, num_replicas, dtype) for p in pieces]
+          elif not wide:
             pieces = [tf.cast(p, dtype) for p in pieces]
-            if op is ReduceOp.MEAN:
-              pieces = [p / tf.cast(num_replicas, dtype) for p in pieces]
         for index, piece in zip(group, pieces):
           results[r][index] = piece
   else:

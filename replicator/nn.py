@@ -11,10 +11,13 @@ from replicator.collectives import ReduceOp
 class CrossReplicaBatchNorm(snt.BatchNorm):
   """`snt.BatchNorm` whose batch statistics cover the global batch.
 
-  Inside a multi-replica step the mean and variance are averaged over all
-  replicas (two-pass, like `tf.nn.moments`), so N replicas with batch B each
-  normalize exactly as one device with batch N*B; elsewhere it is
-  `snt.BatchNorm`. Every replica must have the same per-replica batch size.
+  Inside a multi-replica step every replica's sums, and then its sums of
+  squared deviations from the global mean (two passes, like
+  `tf.nn.moments`), are summed over replicas with the example counts, so N
+  replicas normalize exactly as one device with the whole global batch, per
+  replica batches of different sizes (`replicator.allow_uneven_batches`)
+  included; elsewhere it is `snt.BatchNorm`. float16 and bfloat16 inputs get
+  their statistics in float32, as `tf.nn.moments` does.
   """
 
   @snt.once
@@ -28,19 +31,24 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
   def _moments(self, inputs, use_batch_stats):
     replica = context.current()
     num_replicas = replica.group.num_replicas if replica else 1
-    size = tf.cast(tf.size(inputs) // tf.shape(inputs)[self._channel_index],
-                   inputs.dtype)
-    self._count = size * num_replicas
+    wide = tf.float32 if inputs.dtype in (tf.float16, tf.bfloat16) else inputs.dtype
+    count = tf.cast(tf.size(inputs) // tf.shape(inputs)[self._channel_index], wide)
     if not use_batch_stats or num_replicas == 1:
+      self._count = count
       return super()._moments(inputs, use_batch_stats)
-    mean = tf.reduce_mean(inputs, self._axis, keepdims=True)
-    mean = replica_ops.all_reduce(mean, ReduceOp.MEAN)
-    variance = tf.reduce_mean(tf.math.squared_difference(inputs, mean),
-                              self._axis, keepdims=True)
-    variance = replica_ops.all_reduce(variance, ReduceOp.MEAN)
-    return mean, variance
+    x = tf.cast(inputs, wide)
+    total, self._count = replica_ops.all_reduce(
+        [tf.reduce_sum(x, self._axis, keepdims=True), count], ReduceOp.SUM)
+    mean = total / self._count
+    # No stop_gradient on the mean (tf.nn.moments has one): the backward pass
+    # must reach this collective before the mean's on every replica.
+    squares = tf.reduce_sum(tf.math.squared_difference(x, mean), self._axis,
+                            keepdims=True)
+    variance = replica_ops.all_reduce(squares, ReduceOp.SUM) / self._count
+    return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
 
   def _update_statistics(self, mean, variance):
     if self._unbiased_moving_variance:
-      variance = variance * self._count / tf.maximum(self._count - 1, 1)
+      correction = self._count / tf.maximum(self._count - 1, 1)
+      variance = variance * tf.cast(correction, variance.dtype)
     super()._update_statistics(mean, variance)

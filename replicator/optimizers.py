@@ -1,5 +1,6 @@
 """`wrap_optimizer`: any Sonnet 2 or Keras 3 optimizer, made replica-aware."""
 
+import logging
 from typing import Optional, Sequence
 
 import keras
@@ -61,6 +62,20 @@ def _clip_by_global_norm(grads, clip_norm):
           for c, g in zip(clipped, grads)]
 
 
+_warned_fp16 = []
+
+
+def _warn_fp16_gradients():
+  """Once per process: float16 gradients overflow and underflow silently."""
+  if not _warned_fp16:
+    _warned_fp16.append(True)
+    logging.warning(
+        "wrap_optimizer: gradients are all-reduced with Compression.FP16: a "
+        "gradient or a sum above 65504 becomes inf and one below 3e-8 (times "
+        "the number of replicas, for the mean) becomes 0, silently. "
+        "Compression.BF16 halves the bytes too and keeps float32's range.")
+
+
 def _assigns_a_variable(optimizer, name) -> bool:
   """Whether setting `name` assigns a variable (Keras' learning_rate)."""
   attribute = getattr(type(optimizer), name, None)
@@ -100,6 +115,8 @@ class ReplicatedOptimizer(tf.Module):
       raise ValueError(
           f"accumulate_steps: expected an int >= 1, got {accumulate_steps!r}.")
     all_reduce = collectives.check_options(all_reduce)
+    if all_reduce.compression is collectives.Compression.FP16:
+      _warn_fp16_gradients()
     self._base = optimizer
     self._clip_global_norm = clip_global_norm
     self._gradient_reduction = gradient_reduction

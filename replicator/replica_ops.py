@@ -1,5 +1,7 @@
 """Collectives as seen from inside a step: nests in, nests out, for this replica."""
 
+import numbers
+
 import tensorflow as tf
 
 from replicator import collectives
@@ -29,10 +31,13 @@ def _flatten(value, method):
 def _collective(method, value, merge_fn, grad_fn, single_fn=lambda flat: flat):
   """Runs `merge_fn` over every replica's flat values; differentiable.
 
-  The gradient of a collective is a collective of the upstream gradients
-  (`grad_fn`), so that, as on one device with the whole batch, a replica's
-  input receives the gradient of every replica's loss (cross-replica batch
-  norm, losses over gathered values).
+  The gradient of a collective is a collective of the upstream gradients:
+  `grad_fn(xs, ys, summed_dys, replica)` gets this replica's float inputs,
+  their outputs and the sums over replicas of their upstream gradients, and
+  returns the inputs' gradients (it may run collectives of its own, every
+  replica in the same order). So, as on one device with the whole batch, a
+  replica's input receives the gradient of every replica's loss
+  (cross-replica batch norm, losses over gathered values).
   """
   replica = current_replica(method.split("(")[0])
   flat = _flatten(value, method)
@@ -57,8 +62,10 @@ def _collective(method, value, merge_fn, grad_fn, single_fn=lambda flat: flat):
               values, collectives.ReduceOp.SUM, replica.group.devices,
               num_replicas=replica.group.num_replicas, workers=replica.group.workers))
       grads = [None] * len(inputs)
-      for i, total in zip(floats, summed):
-        grads[i] = grad_fn(inputs[i], outputs[i], total, replica)
+      float_grads = grad_fn([inputs[i] for i in floats],
+                            [outputs[i] for i in floats], summed, replica)
+      for i, grad in zip(floats, float_grads):
+        grads[i] = grad
       return grads
 
     return outputs, backward
@@ -79,28 +86,53 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
   op = collectives.check_reduce_op(op)
 
   def single(flat):  # one replica: the identity, after N replicas' checks
-    collectives.check_reducible(flat, op)
+    collectives.check_reducible(flat, op, method)
     return flat
 
-  def grad(x, y, summed_dy, replica):
-    if op is collectives.ReduceOp.SUM:
-      return summed_dy
-    if op is collectives.ReduceOp.MEAN:
-      return summed_dy / tf.cast(replica.group.num_replicas, summed_dy.dtype)
-    return tf.where(tf.equal(x, y), summed_dy, tf.zeros_like(summed_dy))
+  def merge(values, group):
+    collectives.check_reducible(values[0], op, method)
+    collectives.check_same_shapes(values, method, group.first_replica_id)
+    return collectives.all_reduce(values, op, group.devices, options,
+                                  num_replicas=group.num_replicas,
+                                  workers=group.workers)
 
-  return _collective(
-      f"{method}({op.name})", value,
-      lambda values, group: collectives.all_reduce(
-          values, op, group.devices, options, num_replicas=group.num_replicas,
-          workers=group.workers), grad, single)
+  def grad(xs, ys, summed_dys, replica):
+    if op is collectives.ReduceOp.SUM:
+      return summed_dys
+    if op is collectives.ReduceOp.MEAN:
+      n = replica.group.num_replicas
+      return [dy / tf.cast(n, dy.dtype) for dy in summed_dys]
+    # As tf.reduce_max's gradient: the replicas that tie for the extreme
+    # share it equally, element by element (else each got all of it).
+    ties = [tf.cast(tf.equal(x, y), x.dtype) for x, y in zip(xs, ys)]
+    counts = replica.collective(
+        f"the tie count of {method}", ties,
+        lambda values: collectives.all_reduce(
+            values, collectives.ReduceOp.SUM, replica.group.devices,
+            num_replicas=replica.group.num_replicas, workers=replica.group.workers))
+    return [tie * dy / tf.maximum(count, 1) for tie, dy, count
+            in zip(ties, summed_dys, counts)]
+
+  return _collective(f"{method}({op.name})", value, merge, grad, single)
 
 
 def all_gather(value, axis: int = 0):
-  def grad(x, y, summed_dy, replica):
-    del y
-    parts = tf.split(summed_dy, replica.group.num_replicas, axis=axis)
-    return tf.reshape(parts[replica.replica_id], tf.shape(x))  # scalars too
+  def grad(xs, ys, summed_dys, replica):
+    del ys
+    # Each replica's part of the gathered gradient starts after the earlier
+    # replicas' parts, whose sizes may differ (allow_uneven_batches).
+    sizes = [tf.shape(collectives.gather_part(x, axis))[axis] for x in xs]
+    all_sizes = replica.collective(
+        "the part sizes of all_gather", sizes,
+        lambda values: collectives.all_gather(
+            values, 0, replica.group.devices, workers=replica.group.workers))
+    grads = []
+    for x, summed_dy, size, every in zip(xs, summed_dys, sizes, all_sizes):
+      along = tf.equal(tf.range(summed_dy.shape.rank), axis % summed_dy.shape.rank)
+      start = tf.reduce_sum(every[:replica.replica_id])
+      part = tf.slice(summed_dy, tf.where(along, start, 0), tf.where(along, size, -1))
+      grads.append(tf.reshape(part, tf.shape(x)))  # scalars too
+    return grads
 
   return _collective(
       "all_gather", value,
@@ -110,11 +142,25 @@ def all_gather(value, axis: int = 0):
 
 
 def broadcast(value, source_replica: int = 0):
-  def grad(x, y, summed_dy, replica):
-    del x, y
+  replica = current_replica("broadcast")
+  if (not isinstance(source_replica, numbers.Integral)
+      or isinstance(source_replica, bool)):
+    raise TypeError(
+        f"broadcast: source_replica must be a Python int (a replica id known "
+        f"when the step is traced), got {source_replica!r}. To choose the "
+        "source at run time, all_sum(tf.where(repl.replica_id == source, "
+        "value, tf.zeros_like(value))).")
+  source_replica = int(source_replica)
+  if not 0 <= source_replica < replica.group.num_replicas:
+    raise ValueError(
+        f"broadcast: source_replica must be in [0, {replica.group.num_replicas}), "
+        f"got {source_replica}.")
+
+  def grad(xs, ys, summed_dys, replica):
+    del xs, ys
     if replica.replica_id == source_replica:
-      return summed_dy
-    return tf.zeros_like(summed_dy)
+      return summed_dys
+    return [tf.zeros_like(dy) for dy in summed_dys]
 
   return _collective(
       "broadcast", value,

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import sonnet as snt
 import tensorflow as tf
 
 import catalogue
@@ -307,3 +308,138 @@ def test_scalars_and_booleans(name):
     repl.run(lambda: repl.all_sum(tf.constant(True)))
   with pytest.raises(ValueError, match="axis: all_gather of scalars takes axis 0, got 1"):
     repl.run(lambda: repl.all_gather(tf.constant(1.0), axis=1))
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_replicas_that_tie_share_the_gradient_of_all_max_and_all_min(name, kind):
+  """As tf.reduce_max over the stacked values: the tied replicas split the
+  gradient, element by element (each got all of it, N times too much on N)."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  # Element 0 ties on every replica, element 1 on all but the last, element 2 nowhere.
+  scales = np.array([[1.0, 2.0, 0.5 * (r + 1)] for r in range(n)], np.float32)
+  scales[-1, 1] = -2.0 if kind == "max" else 4.0
+  weights = np.random.RandomState(5).randn(n, 3).astype(np.float32)
+  with repl.context():
+    w = tf.Variable([1.5, 1.0, 2.0])
+  collective = repl.all_max if kind == "max" else repl.all_min
+
+  def step_fn():
+    r = repl.replica_id
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(collective(w * tf.gather(scales, r)) * tf.gather(weights, r))
+    return repl.all_mean(tape.gradient(loss, w))
+
+  got = repl.run(step_fn).numpy()
+  v = tf.Variable([1.5, 1.0, 2.0])
+  reduce = tf.reduce_max if kind == "max" else tf.reduce_min
+  with tf.GradientTape() as tape:
+    y = reduce(tf.stack([v * scales[r] for r in range(n)]), 0)
+    total = tf.reduce_mean(tf.stack([tf.reduce_sum(y * weights[r]) for r in range(n)]))
+  want = tape.gradient(total, v).numpy()
+  for r in range(n):
+    np.testing.assert_allclose(got[r], want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("compression,sum_in_float32,rtol", [
+    (replicator.Compression.NONE, False, 2.0**-11),
+    (replicator.Compression.FP16, False, 1.5 * 2.0**-11),
+    (replicator.Compression.FP16, True, 1.5 * 2.0**-11),
+    (replicator.Compression.BF16, False, 1.5 * 2.0**-8)])
+def test_a_float16_mean_that_fits_does_not_overflow(dtype, compression, sum_in_float32, rtol):
+  """The sum of 4 replicas' float16 values passes 65504 (inf) where their mean does not."""
+  if compression is replicator.Compression.NONE and dtype == np.float32:
+    pytest.skip("nothing travels in float16")
+  repl = catalogue.make("multi_gpu_4")
+  values = np.array([[2e4, 3e4, 1e4 * (r + 3), 1.0 + r] for r in range(4)], dtype)
+  options = replicator.AllReduceOptions(compression=compression,
+                                        sum_in_float32=sum_in_float32)
+  got = repl.run(lambda: repl.all_reduce(
+      tf.gather(tf.constant(values), repl.replica_id), replicator.ReduceOp.MEAN,
+      options=options)).numpy()
+  assert got.dtype == dtype
+  want = values.astype(np.float64).mean(0)
+  for r in range(4):
+    np.testing.assert_allclose(got[r], want, rtol=rtol)
+
+
+def test_a_float16_variable_trained_on_a_large_mean_gradient():
+  repl = catalogue.make("multi_gpu_4")
+  with repl.context():
+    w = tf.Variable(tf.zeros([1], tf.float16))
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(1e-4))
+
+  def step_fn():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(w * tf.constant(20000.0, tf.float16))
+    optimizer.apply(tape.gradient(loss, [w]), [w])
+    return w.read_value()
+
+  np.testing.assert_array_equal(repl.run(step_fn).numpy(), [[-2.0]] * 4)  # not -inf
+
+
+def test_fp16_compression_range():
+  """FP16's error bound holds inside its range only: a sum above 65504 is inf and a
+  value below 3e-8 (times N for a mean) is 0. BF16 keeps float32's range."""
+  values = [[np.array([40000.0, 1e5, 1e-8, 1e-7, 3e-5], np.float32)] for _ in range(2)]
+  fp16 = replicator.AllReduceOptions(compression=replicator.Compression.FP16)
+  bf16 = replicator.AllReduceOptions(compression=replicator.Compression.BF16)
+  summed = _reduce_in_graph(values, fp16)[0][0][0].numpy()
+  averaged = _reduce_in_graph(values, fp16, replicator.ReduceOp.MEAN)[0][0][0].numpy()
+  np.testing.assert_array_equal(summed[:3], [np.inf, np.inf, 0.0])
+  np.testing.assert_allclose(summed[3:], [2e-7, 6e-5], rtol=0.2)  # subnormal: coarse
+  np.testing.assert_array_equal(averaged[:1], [40000.0])  # divided first: fits
+  assert averaged[1] == np.inf and averaged[2] == 0.0
+  # 1e-7 / 2 rounds to the subnormal 5.96e-8
+  np.testing.assert_allclose(averaged[3:], [1e-7, 3e-5], rtol=0.5)
+  for op, divisor in ((replicator.ReduceOp.SUM, 1), (replicator.ReduceOp.MEAN, 2)):
+    got = _reduce_in_graph(values, bf16, op)[0][0][0].numpy()
+    np.testing.assert_allclose(got, 2 * values[0][0] / divisor, rtol=2.0**-7)
+
+
+def test_wrap_optimizer_warns_once_about_fp16_gradients(caplog):
+  from replicator import optimizers  # pylint: disable=g-import-not-at-top
+  optimizers._warned_fp16.clear()  # pylint: disable=protected-access
+  repl = catalogue.make("multi_gpu_2")
+  fp16 = replicator.AllReduceOptions(compression=replicator.Compression.FP16)
+  with caplog.at_level("WARNING"):
+    for _ in range(2):
+      repl.wrap_optimizer(snt.optimizers.SGD(0.1), all_reduce=fp16)
+    repl.wrap_optimizer(snt.optimizers.SGD(0.1), all_reduce=replicator.AllReduceOptions(
+        compression=replicator.Compression.BF16))
+  warnings = [r for r in caplog.records if "Compression.FP16" in r.getMessage()]
+  assert len(warnings) == 1 and "65504" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_all_gather_gradient_with_uneven_batches(axis):
+  """Parts of 5, 5, 5 and 1 rows: each replica's gradient is its own part of the
+  gathered gradient, as on one device (an equal split failed)."""
+  repl = catalogue.make("multi_gpu_4")
+  rng = np.random.RandomState(6)
+  data = rng.randn(16, 2).astype(np.float32)
+  weights = rng.randn(4, 16, 2).astype(np.float32)
+
+  def input_fn(ctx):
+    return replicator.allow_uneven_batches(tf.data.Dataset.from_tensor_slices(data).batch(5))
+
+  with repl.context():
+    w = tf.Variable([1.0, -2.0])
+  along = (lambda t: t) if axis == 0 else tf.transpose
+
+  def step_fn(x):
+    with tf.GradientTape() as tape:
+      gathered = along(repl.all_gather(along(tf.tanh(x * w)), axis=axis))
+      loss = tf.reduce_sum(gathered ** 2 * tf.gather(weights, repl.replica_id))
+    return repl.all_sum(tape.gradient(loss, w))
+
+  got = repl.run(step_fn, input_fn).numpy()
+  v = tf.Variable([1.0, -2.0])
+  with tf.GradientTape() as tape:
+    gathered = tf.tanh(data * v)
+    total = tf.add_n([tf.reduce_sum(gathered ** 2 * weights[r]) for r in range(4)])
+  want = tape.gradient(total, v).numpy()
+  for r in range(4):
+    np.testing.assert_allclose(got[r], want, rtol=1e-5)

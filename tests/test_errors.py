@@ -289,3 +289,66 @@ def test_collective_inside_a_tensor_conditional():
 
   with pytest.raises(NotImplementedError, match="inside a tf.cond"):
     repl.run(step_fn, args=(tf.constant(1.0),))
+
+
+@pytest.mark.parametrize("method,value,match", [
+    ("all_sum", lambda: tf.constant("a"),
+     r"all_sum: cannot reduce string values \(ReduceOp.SUM\).*use all_gather"),
+    ("all_max", lambda: tf.constant(["a", "b"]), r"all_max: cannot reduce string values"),
+    ("all_max", lambda: tf.complex(1.0, 2.0),
+     r"all_max: complex64 values have no order.*tf.math.real, tf.math.imag or tf.abs"),
+    ("all_min", lambda: {"a": tf.constant(1.0), "b": tf.complex(1.0, 2.0)},
+     r"all_min: complex64 values have no order"),
+])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+def test_values_a_collective_cannot_reduce(name, method, value, match):
+  repl = catalogue.make(name)
+  with pytest.raises(TypeError, match=match):
+    repl.run(lambda: getattr(repl, method)(value()))
+  assert repl.run(lambda: repl.all_sum(tf.complex(1.0, 2.0))).numpy()[0] == (
+      repl.num_replicas * (1 + 2j))  # complex sums still work
+
+
+@pytest.mark.parametrize("source,error,match", [
+    (lambda: tf.constant(1), TypeError,
+     r"broadcast: source_replica must be a Python int .*got <tf.Tensor.*tf.where"),
+    (lambda: 1.0, TypeError, r"broadcast: source_replica must be a Python int .*got 1.0"),
+    (lambda: True, TypeError, r"got True"),
+    (lambda: 2, ValueError, r"broadcast: source_replica must be in \[0, 2\), got 2"),
+])
+def test_broadcast_source_replica_not_a_replica_id(source, error, match):
+  repl = catalogue.make("multi_gpu_2")
+  with pytest.raises(error, match=match):
+    repl.run(lambda: repl.broadcast(tf.constant(1.0), source_replica=source()))
+  np.testing.assert_array_equal(  # a NumPy integer is an int
+      repl.run(lambda: repl.broadcast(tf.cast(repl.replica_id, tf.float32),
+                                      source_replica=np.int64(1))).numpy(), [1.0, 1.0])
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(timeout_s="5"), TypeError, r"timeout_s: expected a number of seconds .*got '5'"),
+    (dict(timeout_s=True), TypeError, r"timeout_s: expected a number of seconds .*got True"),
+    (dict(pack_bytes=True), ValueError, r"pack_bytes: expected a positive int, got True"),
+    (dict(compression=replicator.Compression.BF16, sum_in_float32="yes"), TypeError,
+     r"sum_in_float32: expected True or False, got 'yes'"),
+])
+def test_all_reduce_options_of_the_wrong_type(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    replicator.AllReduceOptions(**kwargs)
+  assert replicator.AllReduceOptions(timeout_s=np.float32(5.0)).timeout_s == 5.0
+
+
+def test_reduction_of_values_whose_shapes_differ_between_replicas():
+  repl = catalogue.make("multi_gpu_2")
+
+  def step_fn():
+    rows = tf.zeros(tf.stack([repl.replica_id + 3, 2]))  # static: [3, 2] and [4, 2]
+    return repl.all_sum({"a": tf.constant(1.0), "rows": rows})
+
+  with pytest.raises(ValueError, match=(
+      r"all_sum: tensor 1 of the 2 in the value has a different shape on each replica "
+      r"\(replica 0: \(3, 2\), replica 1: \(4, 2\)\).*all_gather")):
+    repl.run(step_fn)
+  with pytest.raises(ValueError, match=r"all_max: the value has a different shape"):
+    # tf.maximum would have broadcast [1] against [2] silently
+    repl.run(lambda: repl.all_max(tf.zeros(tf.stack([repl.replica_id + 1]))))

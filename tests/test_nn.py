@@ -70,3 +70,43 @@ def test_cross_replica_batch_norm_gradients_equal_the_whole_batch(name):
   want = tape.gradient(loss, ref_linear.trainable_variables + reference.trainable_variables)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_cross_replica_batch_norm_with_uneven_batches_equals_the_whole_batch():
+  """Per-replica batches of 5, 5, 5 and 1 rows: the statistics, outputs and
+  gradients are those of snt.BatchNorm on the 16 rows (not a mean over replicas,
+  which weighted the lone row like five)."""
+  repl = catalogue.make("multi_gpu_4")
+  rng = np.random.RandomState(2)
+  data = (rng.randn(16, 3) + 1).astype(np.float32)
+  data[15] += 10.0  # the short replica's lone row is far away
+  target = rng.randn(16, 3).astype(np.float32)
+
+  def input_fn(ctx):
+    return replicator.allow_uneven_batches(
+        tf.data.Dataset.from_tensor_slices((data, target)).batch(5))
+
+  with repl.context():
+    cross = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.5)
+
+  def step_fn(batch):
+    with tf.GradientTape() as tape:
+      out = cross(batch[0], is_training=True)
+      loss = tf.reduce_sum((out - batch[1]) ** 2)  # summed: the whole batch's sum
+    return {"out": repl.all_gather(out), "n": tf.shape(out)[0],
+            "grads": repl.all_sum(tape.gradient(loss, cross.trainable_variables))}
+
+  got = repl.run(step_fn, input_fn)
+  np.testing.assert_array_equal(got["n"], [5, 5, 5, 1])
+  reference = snt.BatchNorm(True, True, decay_rate=0.5)
+  with tf.GradientTape() as tape:
+    want = reference(tf.constant(data), is_training=True)
+    loss = tf.reduce_sum((want - target) ** 2)
+  want_grads = tape.gradient(loss, reference.trainable_variables)
+  for r in range(4):
+    np.testing.assert_allclose(got["out"][r], want.numpy(), atol=2e-5)
+  for g, w in zip(got["grads"], want_grads):
+    np.testing.assert_allclose(g.numpy()[0], w.numpy(), rtol=1e-4, atol=1e-5)
+  for ours, theirs in ((cross.moving_mean.value, reference.moving_mean.value),
+                       (cross.moving_variance.value, reference.moving_variance.value)):
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5)
