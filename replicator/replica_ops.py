@@ -121,15 +121,21 @@ def all_gather(value, axis: int = 0):
     del ys
     # Each replica's part of the gathered gradient starts after the earlier
     # replicas' parts, whose sizes may differ (allow_uneven_batches).
-    sizes = [tf.shape(collectives.gather_part(x, axis))[axis] for x in xs]
-    all_sizes = replica.collective(
-        "the part sizes of all_gather", sizes,
-        lambda values: collectives.all_gather(
-            values, 0, replica.group.devices, workers=replica.group.workers))
+    parts = [collectives.gather_part(x, axis) for x in xs]
+    if all(part.shape.rank and part.shape[axis] is not None for part in parts):
+      # Static sizes are every replica's (one trace): no collective needed.
+      sizes = [part.shape[axis] for part in parts]
+      starts = [size * replica.replica_id for size in sizes]
+    else:
+      sizes = [tf.shape(part)[axis] for part in parts]
+      all_sizes = replica.collective(
+          "the part sizes of all_gather", sizes,
+          lambda values: collectives.all_gather(
+              values, 0, replica.group.devices, workers=replica.group.workers))
+      starts = [tf.reduce_sum(every[:replica.replica_id]) for every in all_sizes]
     grads = []
-    for x, summed_dy, size, every in zip(xs, summed_dys, sizes, all_sizes):
+    for x, summed_dy, size, start in zip(xs, summed_dys, sizes, starts):
       along = tf.equal(tf.range(summed_dy.shape.rank), axis % summed_dy.shape.rank)
-      start = tf.reduce_sum(every[:replica.replica_id])
       part = tf.slice(summed_dy, tf.where(along, start, 0), tf.where(along, size, -1))
       grads.append(tf.reshape(part, tf.shape(x)))  # scalars too
     return grads
