@@ -71,6 +71,7 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       np.testing.assert_array_equal(got["min"][r], i.min(0))
       np.testing.assert_array_equal(got["int_sum"][r], i.sum(0))
       np.testing.assert_array_equal(got["gather0"][r], np.concatenate(x, 0))
+      np.testing.assert_array_equal(got["gather_loop"][r], np.concatenate(x, 0))
       np.testing.assert_array_equal(got["gather1"][r], np.concatenate(i, 1))
       np.testing.assert_array_equal(got["broadcast"][r], x[n - 1])
       scale = np.abs(x).sum(0)
