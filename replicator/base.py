@@ -224,6 +224,12 @@ class Replicator:
       key = self._input_key(input_fn)
       self._consumed[key] = self._consumed.get(key, 0) + completed
     if completed < steps:
+      if int(status) == steps_lib.STEPS_DIFFER:
+        raise ValueError(
+            f"steps: this worker called run({getattr(step_fn, '__name__', step_fn)}, "
+            f"steps={steps}) and another worker asked for a different number of "
+            "steps, so no step ran. Every worker must call run with the same "
+            "step_fn, input_fn and steps, in the same order.")
       uneven = int(status) == steps_lib.UNEVEN
       if uneven:
         logging.warning(

@@ -114,16 +114,20 @@ def test_launcher_exits_with_the_failing_workers_code_and_stops_the_others(tmp_p
   assert "worker 1 exited with code 3" in done.stdout
 
 
-def _run_workers(script_args, timeout_s=120):
-  """Starts 2 workers directly (no launcher), returns worker 0's output."""
+def _run_workers(script_args, timeout_s=120, workers=2, wait_for=(0,),
+                 script="lose_worker.py"):
+  """Starts workers directly (no launcher); returns [(code, output)] of `wait_for`."""
   from replicator import launch  # pylint: disable=g-import-not-at-top
-  script = os.path.join(os.path.dirname(__file__), "multiworker", "lose_worker.py")
+  script = os.path.join(os.path.dirname(__file__), "multiworker", script)
   procs = [subprocess.Popen([sys.executable, script, *script_args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for env in launch.worker_environments(2)]
+           for env in launch.worker_environments(workers, devices_per_worker=1)]
   try:
-    out, _ = procs[0].communicate(timeout=timeout_s)
-    return procs[0].returncode, out
+    results = []
+    for w in wait_for:
+      out, _ = procs[w].communicate(timeout=timeout_s)
+      results.append((procs[w].returncode, out))
+    return results
   finally:
     for p in procs:
       p.kill()
@@ -133,7 +137,7 @@ def _run_workers(script_args, timeout_s=120):
 @pytest.mark.slow
 @pytest.mark.parametrize("how,limit_s", [("kill", 5.0), ("freeze", 10.0)])
 def test_a_lost_worker_makes_the_other_raise_worker_lost(how, limit_s):
-  code, out = _run_workers(["--how", how, "--timeout_s", "10"])
+  [(code, out)] = _run_workers(["--how", how, "--timeout_s", "10"])
   assert code == 3, out
   line = next(l for l in out.splitlines() if l.startswith("LOST"))
   seconds = float(line.split()[1])
@@ -200,3 +204,14 @@ def test_the_lost_worker_is_named_from_the_grpc_error():
   two = message + " remote target /job:worker/replica:0/task:2 "
   assert cluster.peer_in_error(two, own_index=0) is None  # ambiguous
   assert cluster.peer_in_error("Socket closed", own_index=0) is None
+
+
+def test_misuses_raise_the_true_error_on_every_worker():
+  """Different `steps` on two workers (a hang before) raise the true error."""
+  results = _run_workers([], timeout_s=60, wait_for=(0, 1), script="agree.py")
+  for w, (code, out) in enumerate(results):
+    assert code == 0 and "DONE" in out, out
+    lines = {l.split()[0]: l for l in out.splitlines() if l[:1].isupper()}
+    assert f"called run(step_fn, steps={1 + w}) and another worker asked for a " \
+        "different number of steps, so no step ran" in lines["STEPS"], out
+    assert lines["AFTER"] == "AFTER [8.0, 8.0, 8.0]", out  # 1 + 3 steps, 2 workers

@@ -1,0 +1,40 @@
+"""A worker of the multi-worker error tests: misuses every worker survives.
+
+Prints one line per case: what `run` raised on this worker (the test checks
+every worker's lines), then `DONE`.
+"""
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+import replicator
+
+
+def main():
+  argparse.ArgumentParser().parse_args()
+  repl = replicator.MultiGpuReplicator()
+  worker = repl.mesh.worker_index
+  with repl.context():
+    v = tf.Variable(tf.ones([3]))
+
+  def step_fn():
+    v.assign_add(tf.ones([3]))
+    return repl.all_sum(v.read_value())
+
+  repl.run(step_fn)
+  try:  # different steps on different workers: an error on each, no hang
+    repl.run(step_fn, steps=1 + worker)
+    print("STEPS ran", flush=True)
+  except ValueError as error:
+    print(f"STEPS {error}", flush=True)
+  print(f"AFTER {repl.run(step_fn, steps=2).numpy()[0].tolist()}", flush=True)
+  print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+  main()
