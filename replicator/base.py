@@ -215,9 +215,8 @@ class Replicator:
       shapes = steps_lib.output_shape_error(error, step_fn)
       if shapes is not None:
         raise shapes from error
-      if self._workers is None:
-        raise
-      raise self._worker_lost(error) from error
+      self._raise_if_worker_lost(error)
+      raise
     completed = int(completed)
     self._steps_completed += completed
     if input_fn is not None:
@@ -261,13 +260,25 @@ class Replicator:
     with tf.device(self._placement[0]):
       collectives.across_workers(tf.constant(1), "Add", self._workers)
 
-  def _worker_lost(self, error) -> cluster.WorkerLost:
+  def _raise_if_worker_lost(self, error):
+    """Raises `WorkerLost` for `error` if a worker is gone.
+
+    Gone: the heartbeat saw it, or a peer fails a health check now (the error
+    may come before the heartbeat's next look). Any other error (a failed
+    check_numerics on every worker, say) is the step's own: the caller
+    re-raises it.
+    """
+    if self._workers is None:
+      return
     worker = self._heartbeat.lost if self._heartbeat else None
-    if worker is None:  # before the heartbeat noticed: the peer gRPC named
-      worker = cluster.peer_in_error(str(error), self._mesh.worker_index)
-    address = self._mesh.worker_addresses[worker] if worker is not None else ""
-    return cluster.WorkerLost(worker, self._steps_completed, address,
-                              type(error).__name__)
+    if worker is None:
+      worker = cluster.first_unhealthy_peer(
+          self._mesh, timeout_s=min(5.0, self._all_reduce.timeout_s))
+      if worker is None:
+        return
+    raise cluster.WorkerLost(worker, self._steps_completed,
+                             self._mesh.worker_addresses[worker],
+                             type(error).__name__) from error
 
   def _sync_new_variables(self):
     """Gives every worker the chief's initial values of new variables."""

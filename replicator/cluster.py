@@ -6,7 +6,6 @@ authenticated: run them on a trusted network only.
 """
 
 import itertools
-import re
 import threading
 from typing import Optional
 
@@ -88,29 +87,42 @@ class WorkerLost(RuntimeError):
 
   Attributes:
     worker: index of the lost worker, or None when it could not be told.
-    step: steps this worker had completed when the loss was detected.
+    step: steps this worker had completed before the `run` call (or other
+      call) in which the loss was detected.
   """
 
   def __init__(self, worker: Optional[int], step: int, address: str = "",
                detail: str = ""):
     who = f"worker {worker} ({address})" if worker is not None else "a worker"
     super().__init__(
-        f"{who} was lost at step {step}{': ' + detail if detail else ''}. "
+        f"{who} was lost during the call after step {step}"
+        f"{': ' + detail if detail else ''}. "
         "Training stops on every worker; restart all workers and resume from "
         "the last checkpoint (replicator.Checkpointer.restore_latest()).")
     self.worker = worker
     self.step = step
 
 
-def peer_in_error(message: str, own_index: int) -> Optional[int]:
-  """The worker a gRPC error came from ("remote target /job:worker/.../task:1").
+def _check_peer(worker: int, timeout_s: float) -> None:
+  """Raises (UnavailableError, DeadlineExceededError...) unless `worker` answers."""
+  eager_context.context().check_collective_ops_peer_health(
+      f"/job:{_JOB}/replica:0/task:{worker}", timeout_in_ms=int(timeout_s * 1000))
 
-  None unless the message names exactly one worker other than `own_index`.
-  """
-  tasks = {int(t) for t in re.findall(
-      r"remote target /job:" + _JOB + r"/replica:\d+/task:(\d+)", message)}
-  tasks.discard(own_index)
-  return tasks.pop() if len(tasks) == 1 else None
+
+_PEER_DOWN = (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
+              tf.errors.DeadlineExceededError)
+
+
+def first_unhealthy_peer(mesh: Mesh, timeout_s: float) -> Optional[int]:
+  """The first other worker that fails a health check now, or None."""
+  for worker in range(mesh.num_workers):
+    if worker == mesh.worker_index:
+      continue
+    try:
+      _check_peer(worker, timeout_s)
+    except _PEER_DOWN:
+      return worker
+  return None
 
 
 class Heartbeat:
@@ -136,11 +148,8 @@ class Heartbeat:
     while not self._stop.wait(self._interval_s):
       for worker in peers:
         try:
-          eager_context.context().check_collective_ops_peer_health(
-              f"/job:{_JOB}/replica:0/task:{worker}",
-              timeout_in_ms=int(self._timeout_s * 1000))
-        except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
-                tf.errors.DeadlineExceededError) as error:
+          _check_peer(worker, self._timeout_s)
+        except _PEER_DOWN as error:
           if self._stop.is_set():
             return
           self.lost = worker
