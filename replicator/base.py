@@ -192,7 +192,11 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
     iterator, element_spec = self._input(input_fn)
-    self._sync_new_variables()
+    try:
+      self._sync_new_variables()
+    except tf.errors.OpError as error:
+      self._raise_if_worker_lost(error)
+      raise
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       keras_compat.install()  # Keras may have been imported since the constructor

@@ -146,6 +146,17 @@ def test_a_lost_worker_makes_the_other_raise_worker_lost(how, limit_s):
   assert "after step 5" in line or "after step 4" in line, line  # see lose_worker.py
 
 
+def test_a_worker_lost_before_the_first_step_is_named_by_every_survivor():
+  """3 workers; worker 2 dies before the step that syncs new variables."""
+  results = _run_workers(["--how", "kill_before_first_run", "--timeout_s", "10"],
+                         timeout_s=60, workers=3, wait_for=(0, 1))
+  for code, out in results:
+    assert code == 3, out
+    line = next(l for l in out.splitlines() if l.startswith("LOST"))
+    assert float(line.split()[1]) < 10.0, line  # within timeout_s
+    assert "worker 2 (127.0.0.1:" in line and "after step 0" in line, line
+
+
 def _launch_resume(out, ckpt, *extra):
   out.mkdir(exist_ok=True)
   script = os.path.join(os.path.dirname(__file__), "multiworker", "resume.py")
