@@ -1,6 +1,7 @@
 """Several worker processes on 127.0.0.1, started through the launcher."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -112,6 +113,32 @@ def test_launcher_exits_with_the_failing_workers_code_and_stops_the_others(tmp_p
   assert done.returncode == 3
   assert "[worker 1] hello from 1" in done.stdout
   assert "worker 1 exited with code 3" in done.stdout
+
+
+def test_launcher_stops_its_workers_on_sigterm_and_refuses_bad_arguments(tmp_path, capsys):
+  script = tmp_path / "sleep.py"
+  script.write_text(
+      "import json, os, time\n"
+      "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+      "print('pid', os.getpid(), flush=True)\n"
+      "time.sleep(60)\n")
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "replicator.launch", "--workers", "2", "--",
+       sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+  pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
+  launcher.send_signal(signal.SIGTERM)
+  assert launcher.wait(timeout=20) == 128 + signal.SIGTERM
+  for pid in pids:  # the workers are gone (and reaped by the launcher)
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  for args in (["--workers", "0", "--", "true"],
+               ["--workers", "1", "--", str(tmp_path / "no_such_command")]):
+    assert launch.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m replicator.launch: error: "), err
+    assert err.count("\n") == 1, err
+    assert "--workers: must be >= 1" in err or "no_such_command" in err, err
 
 
 def _run_workers(script_args, timeout_s=120, workers=2, wait_for=(0,),
