@@ -80,7 +80,6 @@ class Replicator:
     keras_compat.install()
     if self._workers is not None:
       self._wait_for_workers()
-      self._heartbeat = cluster.Heartbeat(mesh, self._all_reduce.timeout_s / 2)
 
   live = weakref.WeakSet()  # every replicator not yet garbage collected
   # Says how steps are compiled, in errors about ops that XLA lacks.
@@ -260,9 +259,29 @@ class Replicator:
           getattr(step_fn, "__name__", step_fn))
 
   def _wait_for_workers(self):
-    """A first collective: returns once every worker has started."""
-    with tf.device(self._placement[0]):
-      collectives.across_workers(tf.constant(1), "Add", self._workers)
+    """Returns once every worker has started, then watches them.
+
+    Workers start minutes apart on a busy cluster (and imports alone take tens
+    of seconds), so each waits for the others' servers up to 10 x
+    `AllReduceOptions.timeout_s`, then raises naming those still missing.
+    """
+    join_timeout_s = 10 * self._all_reduce.timeout_s
+    missing = cluster.unjoined_peers(self._mesh, join_timeout_s)
+    if missing:
+      names = ", ".join(f"{w} ({self._mesh.worker_addresses[w]})" for w in missing)
+      raise TimeoutError(
+          f"cluster: worker {self._mesh.worker_index} waited {join_timeout_s:g} s "
+          f"(10 x AllReduceOptions.timeout_s) and worker(s) {names} did not join. "
+          "Start every worker of TF_CONFIG's cluster (python -m replicator.launch "
+          "starts local ones), check that it did not fail before creating its "
+          "replicator, or raise AllReduceOptions(timeout_s=...) for slow starts.")
+    self._heartbeat = cluster.Heartbeat(self._mesh, self._all_reduce.timeout_s / 2)
+    try:  # a first collective, after which every worker's runtime is ready
+      with tf.device(self._placement[0]):
+        collectives.across_workers(tf.constant(1), "Add", self._workers)
+    except tf.errors.OpError as error:
+      self._raise_if_worker_lost(error)
+      raise
 
   def _raise_if_worker_lost(self, error):
     """Raises `WorkerLost` for `error` if a worker is gone.

@@ -7,6 +7,7 @@ authenticated: run them on a trusted network only.
 
 import itertools
 import threading
+import time
 from typing import Optional
 
 import tensorflow as tf
@@ -58,6 +59,18 @@ def connect(mesh: Mesh) -> None:
   ctx.configure_collective_ops(
       collective_leader=session_config.experimental.collective_group_leader)
   ctx.enable_collective_ops(server_def)
+  try:
+    ctx.ensure_initialized()  # starts the server
+  except tf.errors.UnknownError as error:
+    if "gRPC server" not in str(error):
+      raise
+    address = mesh.worker_addresses[mesh.worker_index]
+    raise RuntimeError(
+        f"cluster: worker {mesh.worker_index} could not start its gRPC server on "
+        f"{address} (TF_CONFIG's address for it): the port is taken, by another "
+        "program or a worker of an earlier run still alive, or the host is not "
+        "this machine's. Stop that process or give this worker a free port "
+        "(python -m replicator.launch picks free ports).") from error
   _connected = spec
 
 
@@ -123,6 +136,26 @@ def first_unhealthy_peer(mesh: Mesh, timeout_s: float) -> Optional[int]:
     except _PEER_DOWN:
       return worker
   return None
+
+
+def unjoined_peers(mesh: Mesh, timeout_s: float, poll_s: float = 0.5) -> list:
+  """Waits until every other worker's server answers, at most `timeout_s`.
+
+  Returns the workers that still did not answer (empty: all joined).
+  """
+  deadline = time.monotonic() + timeout_s
+  waiting = [w for w in range(mesh.num_workers) if w != mesh.worker_index]
+  while True:
+    still = []
+    for worker in waiting:
+      try:
+        _check_peer(worker, max(0.1, min(5.0, deadline - time.monotonic())))
+      except _PEER_DOWN:
+        still.append(worker)
+    waiting = still
+    if not waiting or time.monotonic() >= deadline:
+      return waiting
+    time.sleep(poll_s)
 
 
 class Heartbeat:

@@ -53,7 +53,8 @@ class AllReduceOptions:
       2-core machine, benchmarks/RESULTS.md).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
-      `WorkerLost` (a busy worker still answers).
+      `WorkerLost` (a busy worker still answers). The constructor waits at
+      most 10 x timeout_s (10 minutes by default) for every worker to start.
   """
   pack_bytes: int = 32 * 2**20
   compression: Compression = Compression.NONE

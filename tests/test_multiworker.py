@@ -141,6 +141,39 @@ def test_launcher_stops_its_workers_on_sigterm_and_refuses_bad_arguments(tmp_pat
     assert "--workers: must be >= 1" in err or "no_such_command" in err, err
 
 
+def test_a_worker_that_never_joins_is_named_within_the_join_timeout():
+  """Worker 1's port is taken: it cannot start; worker 0 waits 10 x timeout_s."""
+  import json  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  with socket.socket() as busy:
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    addresses = [f"127.0.0.1:{launch.free_ports(1)[0]}",
+                 f"127.0.0.1:{busy.getsockname()[1]}"]
+    code = ("import replicator; replicator.MultiGpuReplicator("
+            "all_reduce=replicator.AllReduceOptions(timeout_s=0.5))")
+    start = time.time()
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=dict(os.environ, TF_CONFIG=json.dumps(
+            {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": i}})))
+             for i in range(2)]
+    try:
+      outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+      for p in procs:
+        p.kill()
+        p.wait()
+  assert time.time() - start < 30
+  assert procs[0].returncode != 0 and procs[1].returncode != 0, outs
+  assert (f"TimeoutError: cluster: worker 0 waited 5 s (10 x AllReduceOptions.timeout_s) "
+          f"and worker(s) 1 ({addresses[1]}) did not join") in outs[0], outs[0]
+  assert (f"RuntimeError: cluster: worker 1 could not start its gRPC server on "
+          f"{addresses[1]}") in outs[1], outs[1]
+
+
 def _run_workers(script_args, timeout_s=120, workers=2, wait_for=(0,),
                  script="lose_worker.py"):
   """Starts workers directly (no launcher); returns [(code, output)] of `wait_for`."""
