@@ -283,6 +283,19 @@ class Replicator:
       self._raise_if_worker_lost(error)
       raise
 
+  def _across_workers(self, values, merge_op: str) -> np.ndarray:
+    """`values` (int64s) merged over the workers with `merge_op`, eagerly.
+
+    Every worker must call it, in the same order (as `Checkpointer` does).
+    """
+    try:
+      with tf.device(self._placement[0]):
+        return collectives.across_workers(
+            tf.constant(values, tf.int64), merge_op, self._workers).numpy()
+    except tf.errors.OpError as error:
+      self._raise_if_worker_lost(error)
+      raise
+
   def _raise_if_worker_lost(self, error):
     """Raises `WorkerLost` for `error` if a worker is gone.
 

@@ -265,10 +265,12 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run_and_restores_anywhere(t
         np.testing.assert_array_equal(copy.numpy(), straight[f"s{i}"])
 
 
-def test_misuses_raise_the_true_error_on_every_worker():
-  """Different `steps` on two workers (a hang before) and a step that fails on
-  every worker (reported as WorkerLost before) raise the true error."""
-  results = _run_workers([], timeout_s=60, wait_for=(0, 1), script="agree.py")
+def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
+  """Different `steps` on two workers (a hang before), a step that fails on
+  every worker (reported as WorkerLost before) and checkpoint directories that
+  are not shared (different states restored before) raise the true error."""
+  results = _run_workers(["--ckpt", str(tmp_path / "ckpt")], timeout_s=60,
+                         wait_for=(0, 1), script="agree.py")
   for w, (code, out) in enumerate(results):
     assert code == 0 and "DONE" in out, out
     lines = {l.split()[0]: l for l in out.splitlines() if l[:1].isupper()}
@@ -276,3 +278,9 @@ def test_misuses_raise_the_true_error_on_every_worker():
         "different number of steps, so no step ran" in lines["STEPS"], out
     assert lines["AFTER"] == "AFTER [8.0, 8.0, 8.0]", out  # 1 + 3 steps, 2 workers
     assert lines["NUMERICS"] == "NUMERICS InvalidArgumentError", out
+    # save waits for the chief: restore_latest right after finds its checkpoint
+    assert lines["CKPT"] == "CKPT [1, 2]", out
+    # unshared directories: an error on every worker, not two different states
+    assert (f"UNSHARED directory: the workers see different newest checkpoints in "
+            f"'{tmp_path / 'ckpt'}_{w}' (this worker, {w}: "
+            f"{'step 3' if w == 0 else 'none'}; from none to step 3") in lines["UNSHARED"], out

@@ -5,8 +5,8 @@ every worker's lines), then `DONE`.
 """
 
 import argparse
-import json
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -16,7 +16,9 @@ import replicator
 
 
 def main():
-  argparse.ArgumentParser().parse_args()
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--ckpt", required=True)
+  args = parser.parse_args()
   repl = replicator.MultiGpuReplicator()
   worker = repl.mesh.worker_index
   with repl.context():
@@ -27,6 +29,21 @@ def main():
     return repl.all_sum(v.read_value())
 
   repl.run(step_fn)
+  if repl.is_chief:  # a slow disk: the pointer moves 0.5 s after the data
+    rename = tf.io.gfile.rename
+    tf.io.gfile.rename = lambda *a, **k: (time.sleep(0.5), rename(*a, **k))
+  checkpointer = replicator.Checkpointer(args.ckpt, v=v)
+  restored = []
+  for step in (1, 2):  # save, then roll back at once
+    checkpointer.save(step)
+    restored.append(checkpointer.restore_latest())
+  print(f"CKPT {restored}", flush=True)
+  try:  # each worker its own directory: only the chief's has checkpoints
+    unshared = replicator.Checkpointer(f"{args.ckpt}_{worker}", v=v)
+    unshared.save(3)
+    print(f"UNSHARED restored {unshared.restore_latest()}", flush=True)
+  except ValueError as error:
+    print(f"UNSHARED {error}", flush=True)
   try:  # different steps on different workers: an error on each, no hang
     repl.run(step_fn, steps=1 + worker)
     print("STEPS ran", flush=True)
