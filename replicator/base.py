@@ -80,7 +80,6 @@ class Replicator:
     keras_compat.install()
     if self._workers is not None:
       self._wait_for_workers()
-      self._heartbeat = cluster.Heartbeat(mesh, self._all_reduce.timeout_s / 2)
 
   live = weakref.WeakSet()  # every replicator not yet garbage collected
   # Says how steps are compiled, in errors about ops that XLA lacks.
@@ -192,7 +191,11 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
     iterator, element_spec = self._input(input_fn)
-    self._sync_new_variables()
+    try:
+      self._sync_new_variables()
+    except tf.errors.OpError as error:
+      self._raise_if_worker_lost(error)
+      raise
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       keras_compat.install()  # Keras may have been imported since the constructor
@@ -215,15 +218,20 @@ class Replicator:
       shapes = steps_lib.output_shape_error(error, step_fn)
       if shapes is not None:
         raise shapes from error
-      if self._workers is None:
-        raise
-      raise self._worker_lost(error) from error
+      self._raise_if_worker_lost(error)
+      raise
     completed = int(completed)
     self._steps_completed += completed
     if input_fn is not None:
       key = self._input_key(input_fn)
       self._consumed[key] = self._consumed.get(key, 0) + completed
     if completed < steps:
+      if int(status) == steps_lib.STEPS_DIFFER:
+        raise ValueError(
+            f"steps: this worker called run({getattr(step_fn, '__name__', step_fn)}, "
+            f"steps={steps}) and another worker asked for a different number of "
+            "steps, so no step ran. Every worker must call run with the same "
+            "step_fn, input_fn and steps, in the same order.")
       uneven = int(status) == steps_lib.UNEVEN
       if uneven:
         logging.warning(
@@ -251,17 +259,62 @@ class Replicator:
           getattr(step_fn, "__name__", step_fn))
 
   def _wait_for_workers(self):
-    """A first collective: returns once every worker has started."""
-    with tf.device(self._placement[0]):
-      collectives.across_workers(tf.constant(1), "Add", self._workers)
+    """Returns once every worker has started, then watches them.
 
-  def _worker_lost(self, error) -> cluster.WorkerLost:
+    Workers start minutes apart on a busy cluster (and imports alone take tens
+    of seconds), so each waits for the others' servers up to 10 x
+    `AllReduceOptions.timeout_s`, then raises naming those still missing.
+    """
+    join_timeout_s = 10 * self._all_reduce.timeout_s
+    missing = cluster.unjoined_peers(self._mesh, join_timeout_s)
+    if missing:
+      names = ", ".join(f"{w} ({self._mesh.worker_addresses[w]})" for w in missing)
+      raise TimeoutError(
+          f"cluster: worker {self._mesh.worker_index} waited {join_timeout_s:g} s "
+          f"(10 x AllReduceOptions.timeout_s) and worker(s) {names} did not join. "
+          "Start every worker of TF_CONFIG's cluster (python -m replicator.launch "
+          "starts local ones), check that it did not fail before creating its "
+          "replicator, or raise AllReduceOptions(timeout_s=...) for slow starts.")
+    self._heartbeat = cluster.Heartbeat(self._mesh, self._all_reduce.timeout_s / 2)
+    try:  # a first collective, after which every worker's runtime is ready
+      with tf.device(self._placement[0]):
+        collectives.across_workers(tf.constant(1), "Add", self._workers)
+    except tf.errors.OpError as error:
+      self._raise_if_worker_lost(error)
+      raise
+
+  def _across_workers(self, values, merge_op: str) -> np.ndarray:
+    """`values` (int64s) merged over the workers with `merge_op`, eagerly.
+
+    Every worker must call it, in the same order (as `Checkpointer` does).
+    """
+    try:
+      with tf.device(self._placement[0]):
+        return collectives.across_workers(
+            tf.constant(values, tf.int64), merge_op, self._workers).numpy()
+    except tf.errors.OpError as error:
+      self._raise_if_worker_lost(error)
+      raise
+
+  def _raise_if_worker_lost(self, error):
+    """Raises `WorkerLost` for `error` if a worker is gone.
+
+    Gone: the heartbeat saw it, or a peer fails a health check now (the error
+    may come before the heartbeat's next look). Any other error (a failed
+    check_numerics on every worker, say) is the step's own: the caller
+    re-raises it.
+    """
+    if self._workers is None:
+      return
     worker = self._heartbeat.lost if self._heartbeat else None
-    if worker is None:  # before the heartbeat noticed: the peer gRPC named
-      worker = cluster.peer_in_error(str(error), self._mesh.worker_index)
-    address = self._mesh.worker_addresses[worker] if worker is not None else ""
-    return cluster.WorkerLost(worker, self._steps_completed, address,
-                              type(error).__name__)
+    if worker is None:
+      worker = cluster.first_unhealthy_peer(
+          self._mesh, timeout_s=min(5.0, self._all_reduce.timeout_s))
+      if worker is None:
+        return
+    raise cluster.WorkerLost(worker, self._steps_completed,
+                             self._mesh.worker_addresses[worker],
+                             type(error).__name__) from error
 
   def _sync_new_variables(self):
     """Gives every worker the chief's initial values of new variables."""

@@ -89,13 +89,21 @@ class Checkpointer:
     return None if pointer is None else int(pointer["step"])
 
   def save(self, step: int) -> Optional[str]:
-    """Writes a checkpoint for `step` (chief only); returns its path or None."""
+    """Writes a checkpoint for `step` (chief only); returns its path or None.
+
+    On several workers every worker returns once the chief's checkpoint is
+    visible, so a `restore_latest` right after finds it on every worker.
+    """
     if (isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer))
         or step < 0):
       raise ValueError(f"step: expected an int >= 0, got {step!r}.")
-    step = int(step)
-    if not _is_chief():
-      return None
+    path = self._write(int(step)) if _is_chief() else None
+    workers = _clustered_replicator()
+    if workers is not None:  # a barrier: the chief arrives after its pointer
+      workers._across_workers([0], "Add")  # pylint: disable=protected-access
+    return path
+
+  def _write(self, step: int) -> str:
     tf.io.gfile.makedirs(self._directory)
     name = f"ckpt-{step}-{uuid.uuid4().hex[:12]}"
     path = self._checkpoint.write(os.path.join(self._directory, name))
@@ -130,9 +138,12 @@ class Checkpointer:
     slots) get their values when they are created.
 
     Raises:
-      ValueError: a name given to the constructor is not in the checkpoint.
+      ValueError: a name given to the constructor is not in the checkpoint,
+        or (on several workers, raised on every one) the workers do not see
+        the same newest checkpoint: the directory is not shared.
     """
     pointer = self._read_pointer()
+    self._check_workers_agree(None if pointer is None else int(pointer["step"]))
     if pointer is None:
       return None
     path = os.path.join(self._directory, pointer["checkpoint"])
@@ -145,6 +156,24 @@ class Checkpointer:
     for repl in _open_replicators():
       repl.resume_inputs(saved)
     return int(pointer["step"])
+
+  def _check_workers_agree(self, step: Optional[int]):
+    """Raises on every worker unless every worker sees the newest checkpoint at `step`."""
+    workers = _clustered_replicator()
+    if workers is None:
+      return
+    mine = -1 if step is None else step
+    low, negated_high = workers._across_workers([mine, -mine], "Min")  # pylint: disable=protected-access
+    if low == -negated_high:
+      return
+    seen = lambda s: "none" if s < 0 else f"step {s}"
+    raise ValueError(
+        f"directory: the workers see different newest checkpoints in "
+        f"{self._directory!r} (this worker, {workers.mesh.worker_index}: "
+        f"{seen(mine)}; from {seen(low)} to {seen(-negated_high)} across workers), "
+        "so they would restore different states. Only the chief writes: give "
+        "every worker the same directory on storage they all see (a shared "
+        "file system, or object storage such as gs://...).")
 
   def _matched(self, path: str) -> dict:
     """The trackables to restore from `path`, checked against what it holds."""
@@ -208,6 +237,12 @@ def _is_unique_name(name: str) -> bool:
 def _open_replicators():
   open_ = [r for r in list(base.Replicator.live) if not r._closed]  # pylint: disable=protected-access
   return sorted(open_, key=lambda r: r._created)  # pylint: disable=protected-access
+
+
+def _clustered_replicator():
+  """The newest open replicator spanning several workers, or None."""
+  clustered = [r for r in _open_replicators() if r.num_workers > 1]
+  return clustered[-1] if clustered else None
 
 
 def _is_chief() -> bool:

@@ -6,8 +6,8 @@ authenticated: run them on a trusted network only.
 """
 
 import itertools
-import re
 import threading
+import time
 from typing import Optional
 
 import tensorflow as tf
@@ -59,6 +59,18 @@ def connect(mesh: Mesh) -> None:
   ctx.configure_collective_ops(
       collective_leader=session_config.experimental.collective_group_leader)
   ctx.enable_collective_ops(server_def)
+  try:
+    ctx.ensure_initialized()  # starts the server
+  except tf.errors.UnknownError as error:
+    if "gRPC server" not in str(error):
+      raise
+    address = mesh.worker_addresses[mesh.worker_index]
+    raise RuntimeError(
+        f"cluster: worker {mesh.worker_index} could not start its gRPC server on "
+        f"{address} (TF_CONFIG's address for it): the port is taken, by another "
+        "program or a worker of an earlier run still alive, or the host is not "
+        "this machine's. Stop that process or give this worker a free port "
+        "(python -m replicator.launch picks free ports).") from error
   _connected = spec
 
 
@@ -88,29 +100,62 @@ class WorkerLost(RuntimeError):
 
   Attributes:
     worker: index of the lost worker, or None when it could not be told.
-    step: steps this worker had completed when the loss was detected.
+    step: steps this worker had completed before the `run` call (or other
+      call) in which the loss was detected.
   """
 
   def __init__(self, worker: Optional[int], step: int, address: str = "",
                detail: str = ""):
     who = f"worker {worker} ({address})" if worker is not None else "a worker"
     super().__init__(
-        f"{who} was lost at step {step}{': ' + detail if detail else ''}. "
+        f"{who} was lost during the call after step {step}"
+        f"{': ' + detail if detail else ''}. "
         "Training stops on every worker; restart all workers and resume from "
         "the last checkpoint (replicator.Checkpointer.restore_latest()).")
     self.worker = worker
     self.step = step
 
 
-def peer_in_error(message: str, own_index: int) -> Optional[int]:
-  """The worker a gRPC error came from ("remote target /job:worker/.../task:1").
+def _check_peer(worker: int, timeout_s: float) -> None:
+  """Raises (UnavailableError, DeadlineExceededError...) unless `worker` answers."""
+  eager_context.context().check_collective_ops_peer_health(
+      f"/job:{_JOB}/replica:0/task:{worker}", timeout_in_ms=int(timeout_s * 1000))
 
-  None unless the message names exactly one worker other than `own_index`.
+
+_PEER_DOWN = (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
+              tf.errors.DeadlineExceededError)
+
+
+def first_unhealthy_peer(mesh: Mesh, timeout_s: float) -> Optional[int]:
+  """The first other worker that fails a health check now, or None."""
+  for worker in range(mesh.num_workers):
+    if worker == mesh.worker_index:
+      continue
+    try:
+      _check_peer(worker, timeout_s)
+    except _PEER_DOWN:
+      return worker
+  return None
+
+
+def unjoined_peers(mesh: Mesh, timeout_s: float, poll_s: float = 0.5) -> list:
+  """Waits until every other worker's server answers, at most `timeout_s`.
+
+  Returns the workers that still did not answer (empty: all joined).
   """
-  tasks = {int(t) for t in re.findall(
-      r"remote target /job:" + _JOB + r"/replica:\d+/task:(\d+)", message)}
-  tasks.discard(own_index)
-  return tasks.pop() if len(tasks) == 1 else None
+  deadline = time.monotonic() + timeout_s
+  waiting = [w for w in range(mesh.num_workers) if w != mesh.worker_index]
+  while True:
+    still = []
+    for worker in waiting:
+      try:
+        _check_peer(worker, max(0.1, min(5.0, deadline - time.monotonic())))
+      except _PEER_DOWN:
+        still.append(worker)
+    waiting = still
+    if not waiting or time.monotonic() >= deadline:
+      return waiting
+    time.sleep(poll_s)
 
 
 class Heartbeat:
@@ -136,11 +181,8 @@ class Heartbeat:
     while not self._stop.wait(self._interval_s):
       for worker in peers:
         try:
-          eager_context.context().check_collective_ops_peer_health(
-              f"/job:{_JOB}/replica:0/task:{worker}",
-              timeout_in_ms=int(self._timeout_s * 1000))
-        except (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
-                tf.errors.DeadlineExceededError) as error:
+          _check_peer(worker, self._timeout_s)
+        except _PEER_DOWN as error:
           if self._stop.is_set():
             return
           self.lost = worker

@@ -61,7 +61,8 @@ class AllReduceOptions:
       2-core machine, benchmarks/RESULTS.md).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
-      `WorkerLost` (a busy worker still answers).
+      `WorkerLost` (a busy worker still answers). The constructor waits at
+      most 10 x timeout_s (10 minutes by default) for every worker to start.
   """
   pack_bytes: int = 32 * 2**20
   compression: Compression = Compression.NONE
@@ -184,10 +185,14 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
     halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [workers.num_workers, -1])
     return tf.reshape(halves[:, :flat.shape[0]],
                       [workers.num_workers * value.shape[0]] + value.shape[1:])
-  return collective_ops.all_gather_v2(
+  gathered = collective_ops.all_gather_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
       instance_key=workers.next(), communication_hint="ring",
       timeout=workers.timeout_s)
+  if value.shape.rank:  # the op loses the static shape that the build's stand-in had
+    leading = None if value.shape[0] is None else value.shape[0] * workers.num_workers
+    gathered.set_shape([leading] + value.shape[1:])
+  return gathered
 
 
 def _sum_wide(parts, device, workers) -> tf.Tensor:

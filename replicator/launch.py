@@ -5,6 +5,8 @@
 Workers listen on free ports of 127.0.0.1 (`--host` to change that). Each
 line a worker prints is prefixed with `[worker i]`. When a worker fails, the
 others are stopped and the launcher exits with the failed worker's code.
+Interrupted (Ctrl-C, SIGTERM, SIGHUP), it stops the workers (SIGTERM, then
+SIGKILL after 5 s) and exits with 128 + the signal's number.
 """
 
 import argparse
@@ -70,6 +72,20 @@ def _stop(processes, grace_s: float = 5.0):
       p.wait()
 
 
+class _Stopped(Exception):
+  """The launcher got SIGTERM or SIGHUP."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _raise_stopped(signum, unused_frame):
+  for s in (signal.SIGTERM, signal.SIGHUP):  # a second one must not cut _stop short
+    signal.signal(s, signal.SIG_IGN)
+  raise _Stopped(signum)
+
+
 def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
            devices_per_worker: Optional[int] = None, out=sys.stdout) -> int:
   """Runs `command` as `num_workers` workers; returns the exit code."""
@@ -79,16 +95,24 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
     raise ValueError("command: give the worker command after `--`.")
   envs = worker_environments(num_workers, host, devices_per_worker)
   processes, pumps = [], []
-  for index, env in enumerate(envs):
-    p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT)
-    processes.append(p)
-    pump = threading.Thread(target=_pump, args=(p.stdout, f"[worker {index}] ", out),
-                            daemon=True)
-    pump.start()
-    pumps.append(pump)
+  handlers = {}
+  if threading.current_thread() is threading.main_thread():
+    handlers = {s: signal.signal(s, _raise_stopped)
+                for s in (signal.SIGTERM, signal.SIGHUP)}
   code = 0
   try:
+    for index, env in enumerate(envs):
+      try:
+        p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+      except OSError as error:
+        _stop(processes)
+        raise ValueError(f"command: cannot start {command[0]!r}: {error.strerror}.") from error
+      processes.append(p)
+      pump = threading.Thread(target=_pump, args=(p.stdout, f"[worker {index}] ", out),
+                              daemon=True)
+      pump.start()
+      pumps.append(pump)
     running = set(range(num_workers))
     while running:
       for index in sorted(running):
@@ -106,7 +130,14 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
       time.sleep(0.05)
   except KeyboardInterrupt:
     _stop(processes)
-    code = 130
+    code = 128 + signal.SIGINT
+  except _Stopped as stopped:
+    out.write(f"[launch] got signal {stopped.signum}; stopping the workers.\n")
+    _stop(processes)
+    code = 128 + stopped.signum
+  finally:
+    for s, handler in handlers.items():
+      signal.signal(s, handler)
   for pump in pumps:
     pump.join(timeout=5)
   return code
@@ -125,7 +156,11 @@ def main(argv=None):
   parser.add_argument("--host", default="127.0.0.1",
                       help="address the workers bind (default: loopback only)")
   args = parser.parse_args(argv[:split])
-  return launch(argv[split + 1:], args.workers, args.host, args.devices_per_worker)
+  try:
+    return launch(argv[split + 1:], args.workers, args.host, args.devices_per_worker)
+  except ValueError as error:
+    print(f"python -m replicator.launch: error: {error}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

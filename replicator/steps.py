@@ -104,6 +104,7 @@ READY = 1  # every replica has a batch, all one size
 OUT_OF_DATA = 0  # some replica, on some worker, has none
 UNEVEN = -1  # every replica has one, not all one size
 DONE = 2  # the loop ran the steps it was asked for
+STEPS_DIFFER = -2  # workers asked for different numbers of steps: none ran
 
 
 def _status(value: int) -> tf.Tensor:
@@ -267,8 +268,12 @@ class CompiledStep:
     self._current = self._traced[signature]
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
-    # whatever `steps` each call asks for.
-    if steps == 1 and not self._current.draws_random:
+    # whatever `steps` each call asks for. So does every step on several
+    # workers: the loop checks that every worker asked for the same `steps`
+    # (two compiled functions' collectives have different keys, and a loop's
+    # are told apart by iteration, so workers running different numbers of
+    # steps would wait for each other forever).
+    if steps == 1 and not self._current.draws_random and self._workers is None:
       completed, tensors, status = self._single(iterator, args)
     else:
       completed, tensors, status = self._loop(
@@ -412,7 +417,7 @@ class CompiledStep:
       return None
     return leaf, static_size
 
-  def _fetch(self, iterator):
+  def _fetch(self, iterator, steps=None):
     """Takes one element per local replica: `(optionals, status)`.
 
     Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
@@ -426,7 +431,8 @@ class CompiledStep:
     compared at run time only where the batch size is not static; between
     workers always, in the one collective that also says whether every worker
     got data, so that every worker runs the same collectives whatever its
-    dataset's shapes.
+    dataset's shapes. Given `steps` (on several workers), that collective
+    also compares the workers' `steps`: STEPS_DIFFER where they differ.
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
@@ -444,14 +450,25 @@ class CompiledStep:
                     lambda: tf.constant(-1, tf.int64))
             for o in optionals])
       # min over workers of (got a batch, smallest size, -largest size)
-      state = tf.stack([tf.cast(got_all, tf.int64), tf.reduce_min(sizes),
-                        -tf.reduce_max(sizes)])
-      state = collectives.across_workers(state, "Min", self._workers)
+      state = [tf.cast(got_all, tf.int64), tf.reduce_min(sizes), -tf.reduce_max(sizes)]
+      if steps is not None:  # and (min, -max) over workers of steps
+        state += [steps, -steps]
+      state = collectives.across_workers(tf.stack(state), "Min", self._workers)
       status = tf.where(
           state[0] > 0,
           tf.where(tf.equal(state[1], -state[2]), _status(READY), _status(UNEVEN)),
           _status(OUT_OF_DATA))
+      if steps is not None:
+        status = tf.where(tf.equal(state[3], -state[4]), status, _status(STEPS_DIFFER))
     return optionals, status
+
+  def _agree_on_steps(self, steps):
+    """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different ones."""
+    with tf.device(self._devices[0]):
+      agreed = collectives.across_workers(tf.stack([steps, -steps]), "Min", self._workers)
+      same = tf.equal(agreed[0], -agreed[1])
+      return (tf.where(same, steps, tf.constant(0, tf.int64)),
+              tf.where(same, _status(READY), _status(STEPS_DIFFER)))
 
   def _trace_single(self, iterator, args):
     n = len(self._devices)
@@ -487,13 +504,15 @@ class CompiledStep:
     # order, and the step would return another step's numbers.
     parallel_iterations = 1 if self._current.draws_random else 10
     if iterator is None:
+      status = _status(READY)
+      if self._workers is not None:
+        steps, status = self._agree_on_steps(steps)
       completed, outputs = tf.while_loop(
           lambda i, _: i < steps,
           lambda i, _: (i + 1, self._replicated_step([None] * n, args)),
           (zero, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), invariants),
           parallel_iterations=parallel_iterations)
-      status = _status(READY)
     else:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
 
@@ -509,7 +528,8 @@ class CompiledStep:
         optionals, status = fetch_if_due(i + 1)
         return i + 1, optionals, status, outputs
 
-      optionals, status = self._fetch(iterator)
+      optionals, status = self._fetch(
+          iterator, steps if self._workers is not None else None)
       completed, _, status, outputs = tf.while_loop(
           lambda i, optionals, status, outputs: _is_ready(status), body,
           (zero, optionals, status, self._initial_outputs()),

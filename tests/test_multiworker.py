@@ -1,6 +1,7 @@
 """Several worker processes on 127.0.0.1, started through the launcher."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -71,6 +72,7 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       np.testing.assert_array_equal(got["min"][r], i.min(0))
       np.testing.assert_array_equal(got["int_sum"][r], i.sum(0))
       np.testing.assert_array_equal(got["gather0"][r], np.concatenate(x, 0))
+      np.testing.assert_array_equal(got["gather_loop"][r], np.concatenate(x, 0))
       np.testing.assert_array_equal(got["gather1"][r], np.concatenate(i, 1))
       np.testing.assert_array_equal(got["broadcast"][r], x[n - 1])
       scale = np.abs(x).sum(0)
@@ -113,16 +115,79 @@ def test_launcher_exits_with_the_failing_workers_code_and_stops_the_others(tmp_p
   assert "worker 1 exited with code 3" in done.stdout
 
 
-def _run_workers(script_args, timeout_s=120):
-  """Starts 2 workers directly (no launcher), returns worker 0's output."""
+def test_launcher_stops_its_workers_on_sigterm_and_refuses_bad_arguments(tmp_path, capsys):
+  script = tmp_path / "sleep.py"
+  script.write_text(
+      "import json, os, time\n"
+      "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+      "print('pid', os.getpid(), flush=True)\n"
+      "time.sleep(60)\n")
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "replicator.launch", "--workers", "2", "--",
+       sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+  pids = [int(launcher.stdout.readline().split()[-1]) for _ in range(2)]
+  launcher.send_signal(signal.SIGTERM)
+  assert launcher.wait(timeout=20) == 128 + signal.SIGTERM
+  for pid in pids:  # the workers are gone (and reaped by the launcher)
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
   from replicator import launch  # pylint: disable=g-import-not-at-top
-  script = os.path.join(os.path.dirname(__file__), "multiworker", "lose_worker.py")
+  for args in (["--workers", "0", "--", "true"],
+               ["--workers", "1", "--", str(tmp_path / "no_such_command")]):
+    assert launch.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m replicator.launch: error: "), err
+    assert err.count("\n") == 1, err
+    assert "--workers: must be >= 1" in err or "no_such_command" in err, err
+
+
+def test_a_worker_that_never_joins_is_named_within_the_join_timeout():
+  """Worker 1's port is taken: it cannot start; worker 0 waits 10 x timeout_s."""
+  import json  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  with socket.socket() as busy:
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    addresses = [f"127.0.0.1:{launch.free_ports(1)[0]}",
+                 f"127.0.0.1:{busy.getsockname()[1]}"]
+    code = ("import replicator; replicator.MultiGpuReplicator("
+            "all_reduce=replicator.AllReduceOptions(timeout_s=0.5))")
+    start = time.time()
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=dict(os.environ, TF_CONFIG=json.dumps(
+            {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": i}})))
+             for i in range(2)]
+    try:
+      outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+      for p in procs:
+        p.kill()
+        p.wait()
+  assert time.time() - start < 30
+  assert procs[0].returncode != 0 and procs[1].returncode != 0, outs
+  assert (f"TimeoutError: cluster: worker 0 waited 5 s (10 x AllReduceOptions.timeout_s) "
+          f"and worker(s) 1 ({addresses[1]}) did not join") in outs[0], outs[0]
+  assert (f"RuntimeError: cluster: worker 1 could not start its gRPC server on "
+          f"{addresses[1]}") in outs[1], outs[1]
+
+
+def _run_workers(script_args, timeout_s=120, workers=2, wait_for=(0,),
+                 script="lose_worker.py"):
+  """Starts workers directly (no launcher); returns [(code, output)] of `wait_for`."""
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  script = os.path.join(os.path.dirname(__file__), "multiworker", script)
   procs = [subprocess.Popen([sys.executable, script, *script_args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for env in launch.worker_environments(2)]
+           for env in launch.worker_environments(workers, devices_per_worker=1)]
   try:
-    out, _ = procs[0].communicate(timeout=timeout_s)
-    return procs[0].returncode, out
+    results = []
+    for w in wait_for:
+      out, _ = procs[w].communicate(timeout=timeout_s)
+      results.append((procs[w].returncode, out))
+    return results
   finally:
     for p in procs:
       p.kill()
@@ -132,13 +197,24 @@ def _run_workers(script_args, timeout_s=120):
 @pytest.mark.slow
 @pytest.mark.parametrize("how,limit_s", [("kill", 5.0), ("freeze", 10.0)])
 def test_a_lost_worker_makes_the_other_raise_worker_lost(how, limit_s):
-  code, out = _run_workers(["--how", how, "--timeout_s", "10"])
+  [(code, out)] = _run_workers(["--how", how, "--timeout_s", "10"])
   assert code == 3, out
   line = next(l for l in out.splitlines() if l.startswith("LOST"))
   seconds = float(line.split()[1])
   assert seconds < limit_s, line
   assert "worker 1 (127.0.0.1:" in line, line
-  assert "at step 5" in line or "at step 4" in line, line  # see lose_worker.py
+  assert "after step 5" in line or "after step 4" in line, line  # see lose_worker.py
+
+
+def test_a_worker_lost_before_the_first_step_is_named_by_every_survivor():
+  """3 workers; worker 2 dies before the step that syncs new variables."""
+  results = _run_workers(["--how", "kill_before_first_run", "--timeout_s", "10"],
+                         timeout_s=60, workers=3, wait_for=(0, 1))
+  for code, out in results:
+    assert code == 3, out
+    line = next(l for l in out.splitlines() if l.startswith("LOST"))
+    assert float(line.split()[1]) < 10.0, line  # within timeout_s
+    assert "worker 2 (127.0.0.1:" in line and "after step 0" in line, line
 
 
 def _launch_resume(out, ckpt, *extra):
@@ -189,13 +265,22 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run_and_restores_anywhere(t
         np.testing.assert_array_equal(copy.numpy(), straight[f"s{i}"])
 
 
-def test_the_lost_worker_is_named_from_the_grpc_error():
-  from replicator import cluster  # pylint: disable=g-import-not-at-top
-  message = ("Collective ops is aborted by: Socket closed\nAdditional GRPC error "
-             "information from remote target /job:worker/replica:0/task:1 while "
-             "calling /tensorflow.WorkerService/RecvBuf:")
-  assert cluster.peer_in_error(message, own_index=0) == 1
-  assert cluster.peer_in_error(message, own_index=1) is None  # not a peer
-  two = message + " remote target /job:worker/replica:0/task:2 "
-  assert cluster.peer_in_error(two, own_index=0) is None  # ambiguous
-  assert cluster.peer_in_error("Socket closed", own_index=0) is None
+def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
+  """Different `steps` on two workers (a hang before), a step that fails on
+  every worker (reported as WorkerLost before) and checkpoint directories that
+  are not shared (different states restored before) raise the true error."""
+  results = _run_workers(["--ckpt", str(tmp_path / "ckpt")], timeout_s=60,
+                         wait_for=(0, 1), script="agree.py")
+  for w, (code, out) in enumerate(results):
+    assert code == 0 and "DONE" in out, out
+    lines = {l.split()[0]: l for l in out.splitlines() if l[:1].isupper()}
+    assert f"called run(step_fn, steps={1 + w}) and another worker asked for a " \
+        "different number of steps, so no step ran" in lines["STEPS"], out
+    assert lines["AFTER"] == "AFTER [8.0, 8.0, 8.0]", out  # 1 + 3 steps, 2 workers
+    assert lines["NUMERICS"] == "NUMERICS InvalidArgumentError", out
+    # save waits for the chief: restore_latest right after finds its checkpoint
+    assert lines["CKPT"] == "CKPT [1, 2]", out
+    # unshared directories: an error on every worker, not two different states
+    assert (f"UNSHARED directory: the workers see different newest checkpoints in "
+            f"'{tmp_path / 'ckpt'}_{w}' (this worker, {w}: "
+            f"{'step 3' if w == 0 else 'none'}; from none to step 3") in lines["UNSHARED"], out

@@ -55,7 +55,12 @@ def main():
     bank.scatter_update(tf.IndexedSlices(x[:1], tf.reshape(repl.replica_id, [1])))
     return out
 
+  def gather_step():
+    return repl.all_gather(tf.gather(tf.constant(table), repl.replica_id))
+
   out = tf.nest.map_structure(lambda t: t.numpy(), repl.run(step_fn))
+  # In the loop (steps > 1) the gather's static shape must match its stand-in's.
+  out["gather_loop"] = repl.run(gather_step, steps=2).numpy()
   out["metric"] = metric.result().numpy()
   out["bank"] = bank.numpy()
   flat = {}

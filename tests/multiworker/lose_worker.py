@@ -1,4 +1,7 @@
-"""A worker of the failure tests: worker 1 dies (or freezes) at step 5.
+"""A worker of the failure tests: the last worker dies (or freezes) at step 5.
+
+With `--how kill_before_first_run` it dies before the first step, when the
+variable made eagerly in the context is yet to get the chief's value.
 
 Worker 0 prints `LOST <seconds> <message>` when it raises WorkerLost, with the
 seconds that run() took. Worker 0 may see the loss in step 5 or, when worker 1
@@ -22,7 +25,8 @@ import replicator
 
 def main():
   parser = argparse.ArgumentParser()
-  parser.add_argument("--how", choices=["kill", "freeze"], default="kill")
+  parser.add_argument("--how", choices=["kill", "freeze", "kill_before_first_run"],
+                      default="kill")
   parser.add_argument("--timeout_s", type=float, default=10.0)
   args = parser.parse_args()
   repl = replicator.MultiGpuReplicator(
@@ -34,8 +38,9 @@ def main():
     w.assign_add(tf.ones([4]) * tf.cast(repl.replica_id, tf.float32))
     return repl.all_sum(w.read_value())
 
+  dies_at = 0 if args.how == "kill_before_first_run" else 5
   for step in range(1000):
-    if repl.mesh.worker_index == 1 and step == 5:
+    if repl.mesh.worker_index == repl.num_workers - 1 and step == dies_at:
       sig = signal.SIGKILL if args.how == "kill" else signal.SIGSTOP
       print("DYING", flush=True)
       os.kill(os.getpid(), sig)

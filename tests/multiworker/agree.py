@@ -1,0 +1,67 @@
+"""A worker of the multi-worker error tests: misuses every worker survives.
+
+Prints one line per case: what `run` raised on this worker (the test checks
+every worker's lines), then `DONE`.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+import replicator
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--ckpt", required=True)
+  args = parser.parse_args()
+  repl = replicator.MultiGpuReplicator()
+  worker = repl.mesh.worker_index
+  with repl.context():
+    v = tf.Variable(tf.ones([3]))
+
+  def step_fn():
+    v.assign_add(tf.ones([3]))
+    return repl.all_sum(v.read_value())
+
+  repl.run(step_fn)
+  if repl.is_chief:  # a slow disk: the pointer moves 0.5 s after the data
+    rename = tf.io.gfile.rename
+    tf.io.gfile.rename = lambda *a, **k: (time.sleep(0.5), rename(*a, **k))
+  checkpointer = replicator.Checkpointer(args.ckpt, v=v)
+  restored = []
+  for step in (1, 2):  # save, then roll back at once
+    checkpointer.save(step)
+    restored.append(checkpointer.restore_latest())
+  print(f"CKPT {restored}", flush=True)
+  try:  # each worker its own directory: only the chief's has checkpoints
+    unshared = replicator.Checkpointer(f"{args.ckpt}_{worker}", v=v)
+    unshared.save(3)
+    print(f"UNSHARED restored {unshared.restore_latest()}", flush=True)
+  except ValueError as error:
+    print(f"UNSHARED {error}", flush=True)
+  try:  # different steps on different workers: an error on each, no hang
+    repl.run(step_fn, steps=1 + worker)
+    print("STEPS ran", flush=True)
+  except ValueError as error:
+    print(f"STEPS {error}", flush=True)
+  print(f"AFTER {repl.run(step_fn, steps=2).numpy()[0].tolist()}", flush=True)
+
+  def numerics_fn():  # v is 6 after 2 more steps: inf on every worker
+    v.assign_add(tf.ones([3]))
+    tf.debugging.check_numerics(v / (v - 6.0), "v hit 6")
+    return repl.all_sum(v.read_value())
+
+  try:
+    repl.run(numerics_fn, steps=3)
+  except Exception as error:  # pylint: disable=broad-except
+    print(f"NUMERICS {type(error).__name__}", flush=True)
+  print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+  main()
