@@ -210,6 +210,9 @@ class Replicator:
       self._warn_if_input_fn_is_new_each_call(step_fn, input_fn)
     try:
       completed, outputs, status = compiled(iterator, int(steps), args)
+    except steps_lib.ProgramsDiffer:
+      del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
+      raise
     except tf.errors.OpError as error:
       unsupported = (steps_lib.xla_unsupported(error, step_fn, self._compiled_by)
                      if self._jit_compile else None)

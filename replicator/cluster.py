@@ -78,8 +78,12 @@ class CollectiveKeys:
   """Instance keys for cross-worker collectives.
 
   Every worker traces the same program in the same order, so a shared counter
-  gives matching keys on every worker without any communication.
+  gives matching keys on every worker without any communication. Checks that
+  the workers did trace the same program draw keys of their own (`next_check`),
+  which still match where the programs' keys do not.
   """
+
+  _CHECK_KEYS = 1 << 30  # the first key of the checks' range
 
   def __init__(self, num_workers: int, worker_index: int, timeout_s: float,
                group_key: int = 1):
@@ -87,12 +91,18 @@ class CollectiveKeys:
     self.worker_index = worker_index
     self.timeout_s = timeout_s
     self.group_key = group_key
-    self._counter = itertools.count(1)
+    self.issued = 0  # keys given out by `next`
+    self._checks = itertools.count(self._CHECK_KEYS)
     self._lock = threading.Lock()
 
   def next(self) -> int:
     with self._lock:
-      return next(self._counter)
+      self.issued += 1
+      return self.issued
+
+  def next_check(self) -> int:
+    with self._lock:
+      return next(self._checks)
 
 
 class WorkerLost(RuntimeError):

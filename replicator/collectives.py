@@ -10,7 +10,7 @@ rendezvous, no transport of our own.
 import dataclasses
 import enum
 import numbers
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
@@ -141,14 +141,15 @@ class StandInWorkers:
   num_workers: int
 
 
-def across_workers(value: tf.Tensor, merge_op: str, workers) -> tf.Tensor:
+def across_workers(value: tf.Tensor, merge_op: str, workers,
+                   instance_key: Optional[int] = None) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective)."""
   if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
     return value
   return collective_ops.all_reduce_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=workers.next(), merge_op=merge_op, final_op="Id",
-      communication_hint="ring", timeout=workers.timeout_s)
+      instance_key=instance_key or workers.next(), merge_op=merge_op,
+      final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,

@@ -225,6 +225,10 @@ class _Traced:
     self.draws_random = draws_random  # whether step_fn has stateful random ops
 
 
+class ProgramsDiffer(ValueError):
+  """Workers traced different collectives for one step: it must not run."""
+
+
 class CompiledStep:
   """The loop for one `(step_fn, input_fn)` pair on one replicator."""
 
@@ -263,9 +267,14 @@ class CompiledStep:
     self._warn_if_python_numbers_change(args)
     args = _by_reference(tuple(args))
     signature = _signature(args)
-    if signature not in self._traced:  # step_fn's outputs may depend on args
+    new = signature not in self._traced
+    if new:  # step_fn's outputs may depend on args
+      issued = self._workers.issued if self._workers is not None else 0
       self._traced[signature] = self._build(args, creating=not self._traced)
     self._current = self._traced[signature]
+    if new and self._workers is not None:
+      self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
+      self._check_same_program(issued)
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
     # whatever `steps` each call asks for. So does every step on several
@@ -279,6 +288,31 @@ class CompiledStep:
       completed, tensors, status = self._loop(
           iterator, tf.constant(steps, tf.int64), args)
     return completed, self._with_nones(tensors), status
+
+  def _check_same_program(self, issued_before: int):
+    """On several workers: raises unless every worker traced as many collectives.
+
+    Workers whose step_fn took other Python branches (an extra collective on
+    the chief, say) would pair collectives with different keys and wait for
+    each other forever; compared before the step first runs, they raise
+    `ProgramsDiffer`, with their keys aligned again for the steps that follow.
+    """
+    traced = self._workers.issued - issued_before
+    with tf.device(self._devices[0]):
+      fewest, most = collectives.across_workers(
+          tf.constant([traced, -traced], tf.int64), "Min",
+          self._workers, instance_key=self._workers.next_check()).numpy()
+    most = -most
+    if fewest != most:
+      self._workers.issued = issued_before + most
+      raise ProgramsDiffer(
+          f"step_fn: {getattr(self._step_fn, '__name__', self._step_fn)} traced "
+          f"{traced} cross-worker collective(s) on worker "
+          f"{self._workers.worker_index} and from {fewest} to {most} on the "
+          "workers, so they would wait for each other forever. Every worker must "
+          "run the same program: take the same Python branches in step_fn (branch "
+          "on tensors, not on the worker index), build the same models and call "
+          "run with the same step_fn, input_fn and args, in the same order.")
 
   def _warn_if_python_numbers_change(self, args):
     """Python numbers in `args` are compiled in: a new value compiles again."""

@@ -1,6 +1,7 @@
 """Several worker processes on 127.0.0.1, started through the launcher."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -278,6 +279,14 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
         "different number of steps, so no step ran" in lines["STEPS"], out
     assert lines["AFTER"] == "AFTER [8.0, 8.0, 8.0]", out  # 1 + 3 steps, 2 workers
     assert lines["NUMERICS"] == "NUMERICS InvalidArgumentError", out
+    # an extra collective on the chief: an error on each worker, then steps run on
+    traced = re.search(r"BRANCH step_fn: branching_fn traced (\d+) cross-worker "
+                       rf"collective\(s\) on worker {w} and from (\d+) to (\d+) on "
+                       "the workers, so they would wait", lines["BRANCH"])
+    assert traced, out
+    fewest, most = int(traced.group(2)), int(traced.group(3))
+    assert most == fewest + 1 and int(traced.group(1)) == (most if w == 0 else fewest), out
+    assert lines["THEN"] == "THEN [14.0, 14.0, 14.0]", out  # v: 6 after NUMERICS, then 7
     # save waits for the chief: restore_latest right after finds its checkpoint
     assert lines["CKPT"] == "CKPT [1, 2]", out
     # unshared directories: an error on every worker, not two different states

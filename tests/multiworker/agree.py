@@ -60,6 +60,19 @@ def main():
     repl.run(numerics_fn, steps=3)
   except Exception as error:  # pylint: disable=broad-except
     print(f"NUMERICS {type(error).__name__}", flush=True)
+
+  def branching_fn():  # the chief alone takes a second collective
+    total = repl.all_sum(v.read_value())
+    if worker == 0:
+      total += repl.all_max(v.read_value())
+    return total
+
+  try:  # different programs on different workers: an error on each, no hang
+    repl.run(branching_fn)
+    print("BRANCH ran", flush=True)
+  except ValueError as error:
+    print(f"BRANCH {error}", flush=True)
+  print(f"THEN {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
   print("DONE", flush=True)
 
 
