@@ -225,6 +225,12 @@ class _Traced:
     self.draws_random = draws_random  # whether step_fn has stateful random ops
 
 
+# Ops that write a resource variable (their first input is its handle).
+_VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                    "ResourceScatter", "ResourceApply", "ResourceSparseApply",
+                    "ResourceStridedSliceAssign")
+
+
 class ProgramsDiffer(ValueError):
   """Workers traced different collectives for one step: it must not run."""
 
@@ -414,8 +420,33 @@ class CompiledStep:
     outputs = self._group(build_only=False).run(
         step_fn, per_replica, self._replica_scope(creating=False))
     leaves = [tf.nest.flatten(check_outputs(o, self._step_fn)) for o in outputs]
+    self._check_writes(tf.compat.v1.get_default_graph())
     return tuple(self._stack_over_replicas(xs) for xs in zip(*leaves)
                  if xs[0] is not None)
+
+  def _check_writes(self, graph):
+    """Refuses writes to a variable made outside every replicator context.
+
+    `_check_variables` sees the variables a step reads; one that is only
+    written (`assign_add(x, read_value=False)`) is found here, as a captured
+    resource that no replicated or replica-local variable owns, written by
+    an op of the step's own graph (not inside a `tf.cond` of it).
+    """
+    if len(self._devices) < 2:
+      return
+    known = variables.component_handles()
+    foreign = {internal.name for external, internal in graph.captures
+               if external.dtype == tf.resource and id(external) not in known}
+    for op in graph.get_operations() if foreign else ():
+      if (op.type.startswith(_VARIABLE_WRITES) and op.inputs and
+          op.inputs[0].name in foreign):
+        value = op.inputs[1] if len(op.inputs) > 1 else None
+        what = f" of dtype {value.dtype.name}" if value is not None else ""
+        raise ValueError(
+            f"step_fn writes a variable{what} ({op.type} {op.name!r}) that was "
+            "created outside every replicator context, so each replica would "
+            "update one shared copy. Create it inside `with repl.context():` "
+            "(or on the first run of the step).")
 
   def _stack_over_replicas(self, values):
     """One output leaf of every replica, stacked (its shape checked first)."""

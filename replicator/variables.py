@@ -36,6 +36,11 @@ def is_component(variable) -> bool:
   return _components.get(id(variable)) is variable
 
 
+def component_handles() -> set:
+  """The `id`s of the resource handles of every copy and replica-local variable."""
+  return {id(variable.handle) for variable in list(_components.values())}
+
+
 # id -> local replica index of each copy of a ReplicatedVariable.
 _copy_index = {}
 

@@ -68,6 +68,15 @@ def test_variable_created_outside_every_context_used_in_a_multi_replica_step():
   stray = tf.Variable(1.0, name="stray_weight")
   with pytest.raises(ValueError, match="stray_weight.*outside every replicator context"):
     repl.run(lambda: stray * 2.0)
+  counter = tf.Variable(0, dtype=tf.int64)  # written, never read, in the step
+
+  def count():
+    counter.assign_add(1, read_value=False)
+    return tf.constant(1.0)
+
+  with pytest.raises(ValueError, match=r"step_fn writes a variable of dtype int64 "
+                     r"\(AssignAddVariableOp .*outside every replicator context"):
+    repl.run(count)
   generator = tf.random.Generator.from_seed(1)  # made outside, as the global one
   with pytest.raises(ValueError, match=r"StateVar.*outside every replicator context.*"
                      r"make the generator inside the context, or use repl.random_generator"):
