@@ -279,12 +279,7 @@ class Replicator:
           "starts local ones), check that it did not fail before creating its "
           "replicator, or raise AllReduceOptions(timeout_s=...) for slow starts.")
     self._heartbeat = cluster.Heartbeat(self._mesh, self._all_reduce.timeout_s / 2)
-    try:  # a first collective, after which every worker's runtime is ready
-      with tf.device(self._placement[0]):
-        collectives.across_workers(tf.constant(1), "Add", self._workers)
-    except tf.errors.OpError as error:
-      self._raise_if_worker_lost(error)
-      raise
+    self._across_workers([1], "Add")  # after it, every worker's runtime is ready
 
   def _across_workers(self, values, merge_op: str) -> np.ndarray:
     """`values` (int64s) merged over the workers with `merge_op`, eagerly.
