@@ -152,6 +152,13 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
       final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
 
 
+def min_and_max_across_workers(value: tf.Tensor, workers,
+                               instance_key: Optional[int] = None):
+  """The smallest and largest of the workers' scalar `value`s (one collective)."""
+  both = across_workers(tf.stack([value, -value]), "Min", workers, instance_key)
+  return both[0], -both[1]
+
+
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.

@@ -231,6 +231,13 @@ _VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariabl
                     "ResourceStridedSliceAssign")
 
 
+def _made_outside(what: str) -> str:
+  """The error for a step that uses a variable of no replicator context."""
+  return (f"step_fn {what} created outside every replicator context, so each "
+          "replica would update one shared copy. Create it inside `with "
+          "repl.context():` (or on the first run of the step).")
+
+
 class ProgramsDiffer(ValueError):
   """Workers traced different collectives for one step: it must not run."""
 
@@ -305,10 +312,9 @@ class CompiledStep:
     """
     traced = self._workers.issued - issued_before
     with tf.device(self._devices[0]):
-      fewest, most = collectives.across_workers(
-          tf.constant([traced, -traced], tf.int64), "Min",
-          self._workers, instance_key=self._workers.next_check()).numpy()
-    most = -most
+      fewest, most = (int(x) for x in collectives.min_and_max_across_workers(
+          tf.constant(traced, tf.int64), self._workers,
+          instance_key=self._workers.next_check()))
     if fewest != most:
       self._workers.issued = issued_before + most
       raise ProgramsDiffer(
@@ -442,11 +448,8 @@ class CompiledStep:
           op.inputs[0].name in foreign):
         value = op.inputs[1] if len(op.inputs) > 1 else None
         what = f" of dtype {value.dtype.name}" if value is not None else ""
-        raise ValueError(
-            f"step_fn writes a variable{what} ({op.type} {op.name!r}) that was "
-            "created outside every replicator context, so each replica would "
-            "update one shared copy. Create it inside `with repl.context():` "
-            "(or on the first run of the step).")
+        raise ValueError(_made_outside(
+            f"writes a variable{what} ({op.type} {op.name!r}) that was"))
 
   def _stack_over_replicas(self, values):
     """One output leaf of every replica, stacked (its shape checked first)."""
@@ -530,8 +533,8 @@ class CompiledStep:
   def _agree_on_steps(self, steps):
     """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different ones."""
     with tf.device(self._devices[0]):
-      agreed = collectives.across_workers(tf.stack([steps, -steps]), "Min", self._workers)
-      same = tf.equal(agreed[0], -agreed[1])
+      fewest, most = collectives.min_and_max_across_workers(steps, self._workers)
+      same = tf.equal(fewest, most)
       return (tf.where(same, steps, tf.constant(0, tf.int64)),
               tf.where(same, _status(READY), _status(STEPS_DIFFER)))
 
@@ -615,8 +618,5 @@ class CompiledStep:
                      " If it is a tf.random.Generator's state (such as "
                      "tf.random.get_global_generator()'s), make the generator "
                      "inside the context, or use repl.random_generator(seed).")
-        raise ValueError(
-            f"step_fn uses the variable {variable.name!r}, which was created "
-            "outside every replicator context, so each replica would update "
-            "one shared copy. Create it inside `with repl.context():` (or on "
-            f"the first run of the step).{generator}")
+        raise ValueError(_made_outside(f"uses the variable {variable.name!r}, which was")
+                         + generator)
