@@ -22,6 +22,8 @@ from replicator import optimizers
 from replicator import randomness
 from replicator import replica_ops
 from replicator import resume
+from replicator import step_errors
+from replicator import step_fetch
 from replicator import steps as steps_lib
 from replicator import variables
 from replicator.mesh import Mesh
@@ -210,15 +212,15 @@ class Replicator:
       self._warn_if_input_fn_is_new_each_call(step_fn, input_fn)
     try:
       completed, outputs, status = compiled(iterator, int(steps), args)
-    except steps_lib.ProgramsDiffer:
+    except step_errors.ProgramsDiffer:
       del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
       raise
     except tf.errors.OpError as error:
-      unsupported = (steps_lib.xla_unsupported(error, step_fn, self._compiled_by)
+      unsupported = (step_errors.xla_unsupported(error, step_fn, self._compiled_by)
                      if self._jit_compile else None)
       if unsupported is not None:
         raise unsupported from error
-      shapes = steps_lib.output_shape_error(error, step_fn)
+      shapes = step_errors.output_shape_error(error, step_fn)
       if shapes is not None:
         raise shapes from error
       self._raise_if_worker_lost(error)
@@ -229,13 +231,13 @@ class Replicator:
       key = self._input_key(input_fn)
       self._consumed[key] = self._consumed.get(key, 0) + completed
     if completed < steps:
-      if int(status) == steps_lib.STEPS_DIFFER:
+      if int(status) == step_fetch.STEPS_DIFFER:
         raise ValueError(
             f"steps: this worker called run({getattr(step_fn, '__name__', step_fn)}, "
             f"steps={steps}) and another worker asked for a different number of "
             "steps, so no step ran. Every worker must call run with the same "
             "step_fn, input_fn and steps, in the same order.")
-      uneven = int(status) == steps_lib.UNEVEN
+      uneven = int(status) == step_fetch.UNEVEN
       if uneven:
         logging.warning(
             "replicator: run(%s, %s) stopped after %d step(s): the next step's "

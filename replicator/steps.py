@@ -5,22 +5,23 @@ throwaway `tf.function`, with a variable factory active: modules built on first
 call and optimizer slots are created there and initialized by `tf.function`'s
 own lifting, exactly as in single-device code, then copied to every replica.
 The second traces all replicas into the real loop, where creating a variable
-is an error.
+is an error. How `args` are passed is in `step_args`, how each step's batches
+are fetched in `step_fetch`, and the errors of a step that cannot run in
+`step_errors`.
 """
 
 import contextlib
-import logging
-import re
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.autograph.core import config as autograph_config
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.ops import op_selector
 
-from replicator import collectives
 from replicator import context
+from replicator import step_args
+from replicator import step_errors
+from replicator import step_fetch
 from replicator import variables
 
 # AutoGraph converts step_fn and what it calls; the library's own code is plain
@@ -32,118 +33,10 @@ if not any(getattr(rule, "module_prefix", None) == "replicator"
       + tuple(autograph_config.CONVERSION_RULES))
 
 
-# "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal.
-_XLA_MISSING_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA_\w+_JIT")
-_PRINT_OPS = frozenset({"PrintV2", "Print", "StringFormat"})
-
-
-def xla_unsupported(error: tf.errors.OpError, step_fn, compiled_by: str):
-  """A clear error for ops XLA cannot compile, or None for other errors.
-
-  TensorFlow's message names the op type deep inside a graph dump; this one
-  names step_fn, the ops and what to do instead.
-  """
-  ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
-  if not ops:
-    return None
-  name = getattr(step_fn, "__name__", step_fn)
-  if _PRINT_OPS.intersection(ops):
-    fix = ("tf.print cannot run inside the compiled step: return the values "
-           "from step_fn and print what run returns (one row per replica)")
-  else:
-    fix = ("move that computation out of the step: into input_fn "
-           "(dataset.map) or after run, on what run returns")
-  return type(error)(
-      error.node_def, error.op,
-      f"step_fn: {name} uses {', '.join(ops)}, which XLA cannot compile; "
-      f"{compiled_by}. Fix: {fix}.")
-
-
 def _to_spec(value):
   if isinstance(value, tf.Tensor):
     return tf.TensorSpec(value.shape, value.dtype)
   return value
-
-
-def check_outputs(outputs, step_fn):
-  def check(leaf):
-    if leaf is None or isinstance(leaf, tf.Tensor):
-      return leaf
-    if isinstance(leaf, tf.Variable):
-      return tf.convert_to_tensor(leaf)
-    raise TypeError(
-        f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned "
-        f"{type(leaf).__name__} {leaf!r} in {outputs!r}; return tensors (wrap "
-        "Python numbers with tf.constant, or leave them out).")
-  return tf.nest.map_structure(check, outputs)
-
-
-_STACKED_OUTPUTS = "outputs_of_every_replica"
-
-
-def different_output_shapes(step_fn, shapes=None) -> str:
-  """The error for replicas whose outputs differ in shape."""
-  found = f" ({', '.join(str(s) for s in shapes)})" if shapes else ""
-  return (
-      f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned an output "
-      f"whose shape differs from replica to replica{found}; run stacks each "
-      "output over the replicas, so it must have one shape on all of them. "
-      "Reduce it inside the step (repl.all_sum, a mean), or pad it to a fixed "
-      "size and return a mask with it.")
-
-
-def output_shape_error(error: tf.errors.OpError, step_fn):
-  """A clear error when stacking the replicas' outputs failed at run time."""
-  if _STACKED_OUTPUTS not in str(error):
-    return None
-  return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
-
-
-# Why a step did or did not run (`_fetch`'s status).
-READY = 1  # every replica has a batch, all one size
-OUT_OF_DATA = 0  # some replica, on some worker, has none
-UNEVEN = -1  # every replica has one, not all one size
-DONE = 2  # the loop ran the steps it was asked for
-STEPS_DIFFER = -2  # workers asked for different numbers of steps: none ran
-
-
-def _status(value: int) -> tf.Tensor:
-  return tf.constant(value, tf.int64)
-
-
-def _is_ready(status: tf.Tensor) -> tf.Tensor:
-  return status if status.dtype == tf.bool else tf.equal(status, READY)
-
-
-def _why_stopped(status: tf.Tensor) -> tf.Tensor:
-  """The status as an int64 (a bool status stops only when out of data)."""
-  if status.dtype == tf.bool:
-    return _status(OUT_OF_DATA)
-  return status
-
-
-def _batch_leaf(element_spec):
-  """`(index, static batch size or None)` of the first batched element leaf.
-
-  `(None, 0)` when no leaf has a batch dimension. A leaf of unknown rank
-  (from `tf.py_function`, say) may have one, of a size known at run time.
-  """
-  for index, spec in enumerate(tf.nest.flatten(element_spec)):
-    shape = getattr(spec, "shape", None)
-    if shape is not None and shape.rank is None:
-      return index, None
-    if shape is not None and shape.rank:
-      return index, shape[0]
-  return None, 0
-
-
-def _batch_size(value) -> tf.Tensor:
-  if isinstance(value, tf.RaggedTensor):
-    return value.nrows(out_type=tf.int64)
-  if isinstance(value, tf.SparseTensor):
-    return value.dense_shape[0]
-  # -1 for a scalar (a leaf of unknown rank may turn out to be one)
-  return tf.concat([tf.shape(value, out_type=tf.int64), [-1]], 0)[0]
 
 
 def _draws_from_kernel_state(graph) -> bool:
@@ -165,55 +58,6 @@ def _draws_from_kernel_state(graph) -> bool:
   return False
 
 
-class _ByReference:
-  """A variable in `args`, passed to the compiled step as a Python object.
-
-  As a `tf.function` argument a variable would be one resource handle, the
-  same on every replica (outside a step, a replicated variable's first
-  copy), and its updates would not be aggregated. By reference, each replica
-  uses its own copy, as for a variable that step_fn reads from its closure.
-  """
-
-  def __init__(self, variable):
-    self.variable = variable
-
-  def __eq__(self, other):
-    return isinstance(other, _ByReference) and other.variable is self.variable
-
-  def __hash__(self):
-    return id(self.variable)
-
-
-def _by_reference(args):
-  if not any(isinstance(leaf, tf.Variable) for leaf in tf.nest.flatten(args)):
-    return args
-  return tf.nest.map_structure(
-      lambda leaf: _ByReference(leaf) if isinstance(leaf, tf.Variable) else leaf, args)
-
-
-def _dereference(args):
-  return tf.nest.map_structure(
-      lambda leaf: leaf.variable if isinstance(leaf, _ByReference) else leaf, args)
-
-
-def _signature(args):
-  """What decides step_fn's outputs: the nest, tensor types, other values."""
-  def leaf_key(leaf):
-    if isinstance(leaf, (tf.Tensor, np.ndarray)):
-      return ("tensor", tuple(leaf.shape), tf.as_dtype(leaf.dtype))
-    try:
-      hash(leaf)
-    except TypeError:
-      return ("object", id(leaf))
-    return ("value", type(leaf), leaf)
-  flat = tf.nest.flatten(args)
-  if len(flat) == len(args) and all(a is leaf for a, leaf in zip(args, flat)):
-    structure = len(args)  # no nests: the common case, and quick
-  else:
-    structure = repr(tf.nest.map_structure(lambda _: 0, args))
-  return structure, tuple(leaf_key(leaf) for leaf in flat)
-
-
 class _Traced:
   """What one trace of step_fn (one signature of its `args`) found."""
 
@@ -225,23 +69,6 @@ class _Traced:
     self.draws_random = draws_random  # whether step_fn has stateful random ops
 
 
-# Ops that write a resource variable (their first input is its handle).
-_VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
-                    "ResourceScatter", "ResourceApply", "ResourceSparseApply",
-                    "ResourceStridedSliceAssign")
-
-
-def _made_outside(what: str) -> str:
-  """The error for a step that uses a variable of no replicator context."""
-  return (f"step_fn {what} created outside every replicator context, so each "
-          "replica would update one shared copy. Create it inside `with "
-          "repl.context():` (or on the first run of the step).")
-
-
-class ProgramsDiffer(ValueError):
-  """Workers traced different collectives for one step: it must not run."""
-
-
 class CompiledStep:
   """The loop for one `(step_fn, input_fn)` pair on one replicator."""
 
@@ -251,7 +78,6 @@ class CompiledStep:
                workers=None, on_variables_created: Callable[[], None] = None,
                uneven_batches: bool = False):
     self._step_fn = step_fn
-    self._uneven_batches = uneven_batches
     self._element_spec = element_spec
     self._devices = tuple(devices)
     self._first_replica_id = first_replica_id
@@ -260,8 +86,9 @@ class CompiledStep:
     self._jit_compile = jit_compile
     self._workers = workers
     self._on_variables_created = on_variables_created or (lambda: None)
-    self._python_numbers = None  # the Python numbers in the last call's args
-    self._warned_python_numbers = False
+    self._python_numbers = step_args.PythonNumbers(step_fn)
+    self._fetcher = step_fetch.BatchFetcher(self._devices, num_replicas, workers,
+                                            uneven_batches)
     self._traced = {}  # signature of args -> _Traced
     self._current = None  # the _Traced of the call being run
     self._loop = tf.function(self._trace_loop, autograph=False)
@@ -277,9 +104,9 @@ class CompiledStep:
     return self._element_spec
 
   def __call__(self, iterator, steps: int, args: Sequence[Any]):
-    self._warn_if_python_numbers_change(args)
-    args = _by_reference(tuple(args))
-    signature = _signature(args)
+    self._python_numbers.warn_if_changed(args)
+    args = step_args.by_reference(tuple(args))
+    signature = step_args.signature(args)
     new = signature not in self._traced
     if new:  # step_fn's outputs may depend on args
       issued = self._workers.issued if self._workers is not None else 0
@@ -287,7 +114,8 @@ class CompiledStep:
     self._current = self._traced[signature]
     if new and self._workers is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
-      self._check_same_program(issued)
+      step_errors.check_same_program(self._step_fn, self._workers, self._devices[0],
+                                     issued)
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
     # whatever `steps` each call asks for. So does every step on several
@@ -301,50 +129,6 @@ class CompiledStep:
       completed, tensors, status = self._loop(
           iterator, tf.constant(steps, tf.int64), args)
     return completed, self._with_nones(tensors), status
-
-  def _check_same_program(self, issued_before: int):
-    """On several workers: raises unless every worker traced as many collectives.
-
-    Workers whose step_fn took other Python branches (an extra collective on
-    the chief, say) would pair collectives with different keys and wait for
-    each other forever; compared before the step first runs, they raise
-    `ProgramsDiffer`, with their keys aligned again for the steps that follow.
-    """
-    traced = self._workers.issued - issued_before
-    with tf.device(self._devices[0]):
-      fewest, most = (int(x) for x in collectives.min_and_max_across_workers(
-          tf.constant(traced, tf.int64), self._workers,
-          instance_key=self._workers.next_check()))
-    if fewest != most:
-      self._workers.issued = issued_before + most
-      raise ProgramsDiffer(
-          f"step_fn: {getattr(self._step_fn, '__name__', self._step_fn)} traced "
-          f"{traced} cross-worker collective(s) on worker "
-          f"{self._workers.worker_index} and from {fewest} to {most} on the "
-          "workers, so they would wait for each other forever. Every worker must "
-          "run the same program: take the same Python branches in step_fn (branch "
-          "on tensors, not on the worker index), build the same models and call "
-          "run with the same step_fn, input_fn and args, in the same order.")
-
-  def _warn_if_python_numbers_change(self, args):
-    """Python numbers in `args` are compiled in: a new value compiles again."""
-    numbers = tuple(
-        leaf if isinstance(leaf, (int, float, np.number))
-        and not isinstance(leaf, (bool, np.bool_)) else None
-        for leaf in tf.nest.flatten(args))
-    previous, self._python_numbers = self._python_numbers, numbers
-    if (previous is None or len(previous) != len(numbers) or
-        self._warned_python_numbers or
-        not any(a is not None and b is not None and a != b
-                for a, b in zip(previous, numbers))):
-      return
-    self._warned_python_numbers = True
-    logging.warning(
-        "replicator: run(%s, args=...) got Python numbers that changed since the "
-        "last call (%s -> %s). A Python number is compiled into the step, so each "
-        "new value compiles it again (seconds each time); pass values that change "
-        "from call to call as tensors, e.g. args=(tf.constant(lr),).",
-        getattr(self._step_fn, "__name__", self._step_fn), previous, numbers)
 
   def _with_nones(self, tensors):
     """step_fn's output structure, from the tensors the compiled step returns.
@@ -382,28 +166,20 @@ class CompiledStep:
     The first (`creating`) also creates the variables that step_fn makes.
     """
     step_fn = self._converted_in_function()
-    args = _dereference(args)
+    args = step_args.dereference(args)
 
     def trace(*batch):
       inputs = tuple(batch) + tuple(args)
       outputs = self._group(build_only=True).run(
           step_fn, [inputs], self._replica_scope(creating=creating))[0]
-      return check_outputs(outputs, self._step_fn)
+      return step_errors.check_outputs(outputs, self._step_fn)
 
     specs = () if self._element_spec is None else (self._element_spec,)
     try:
       with self._factory.scope() if creating else contextlib.nullcontext():
         concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
     except op_selector.UnliftableError as error:
-      raise ValueError(
-          f"step_fn: {getattr(self._step_fn, '__name__', self._step_fn)} "
-          "creates a variable whose initial value depends on the step's input "
-          "(data-dependent initialization, as in ActNorm); variables made in "
-          "the step are initialized before any batch arrives. Create it before "
-          "run: call the module once on a sample batch inside `with "
-          "repl.context():`, or create it with a placeholder value and assign "
-          f"the data's value in the step. ({str(error).splitlines()[0][:300]})"
-      ) from error
+      raise step_errors.data_dependent_initializer(error, self._step_fn) from error
     if creating:
       self._factory.materialize_pending()
       self._on_variables_created()
@@ -420,43 +196,16 @@ class CompiledStep:
 
   def _trace_step(self, batches, args):
     step_fn = self._converted_in_function()
-    args = _dereference(args)
+    args = step_args.dereference(args)
     per_replica = [(tuple(b) if b is not None else ()) + tuple(args)
                    for b in batches]
     outputs = self._group(build_only=False).run(
         step_fn, per_replica, self._replica_scope(creating=False))
-    leaves = [tf.nest.flatten(check_outputs(o, self._step_fn)) for o in outputs]
-    self._check_writes(tf.compat.v1.get_default_graph())
-    return tuple(self._stack_over_replicas(xs) for xs in zip(*leaves)
-                 if xs[0] is not None)
-
-  def _check_writes(self, graph):
-    """Refuses writes to a variable made outside every replicator context.
-
-    `_check_variables` sees the variables a step reads; one that is only
-    written (`assign_add(x, read_value=False)`) is found here, as a captured
-    resource that no replicated or replica-local variable owns, written by
-    an op of the step's own graph (not inside a `tf.cond` of it).
-    """
-    if len(self._devices) < 2:
-      return
-    known = variables.component_handles()
-    foreign = {internal.name for external, internal in graph.captures
-               if external.dtype == tf.resource and id(external) not in known}
-    for op in graph.get_operations() if foreign else ():
-      if (op.type.startswith(_VARIABLE_WRITES) and op.inputs and
-          op.inputs[0].name in foreign):
-        value = op.inputs[1] if len(op.inputs) > 1 else None
-        what = f" of dtype {value.dtype.name}" if value is not None else ""
-        raise ValueError(_made_outside(
-            f"writes a variable{what} ({op.type} {op.name!r}) that was"))
-
-  def _stack_over_replicas(self, values):
-    """One output leaf of every replica, stacked (its shape checked first)."""
-    shapes = [value.shape for value in values]
-    if not all(shape.is_compatible_with(shapes[0]) for shape in shapes):
-      raise ValueError(different_output_shapes(self._step_fn, shapes))
-    return tf.stack(values, name=_STACKED_OUTPUTS)
+    leaves = [tf.nest.flatten(step_errors.check_outputs(o, self._step_fn))
+              for o in outputs]
+    step_errors.check_writes(tf.compat.v1.get_default_graph(), len(self._devices))
+    return tuple(step_errors.stack_over_replicas(xs, self._step_fn)
+                 for xs in zip(*leaves) if xs[0] is not None)
 
   def _initial_outputs(self):
     n = len(self._devices)
@@ -471,87 +220,21 @@ class CompiledStep:
     return tuple(tf.TensorShape([n]).concatenate(spec.shape)
                  for spec in self._current.tensor_specs)
 
-  def _sizes_to_compare(self, element_spec):
-    """`(leaf, static batch size or None)` whose size `_fetch` compares.
-
-    None where it compares none (one replica, or one worker with a static batch
-    size): `_fetch`'s status is then a bool. With `allow_uneven_batches` the
-    size counts as static (0) and only workers' data is compared.
-    """
-    leaf, static_size = _batch_leaf(element_spec)
-    if self._uneven_batches:
-      static_size = 0
-    if self._num_replicas == 1 or (self._workers is None and static_size is not None):
-      return None
-    return leaf, static_size
-
-  def _fetch(self, iterator, steps=None):
-    """Takes one element per local replica: `(optionals, status)`.
-
-    Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
-    as can be in the loop. Elsewhere it is READY when every replica, on every
-    worker, got a batch and all those batches are the same size; else
-    OUT_OF_DATA, or UNEVEN when every replica got a batch but of different
-    sizes. The mean over replicas weights every replica's batch alike, so a
-    step with a short last batch on some replicas would not be the step of one
-    replica on the whole batch: such a step does not run, unless the input
-    allows uneven batches (`replicator.allow_uneven_batches`). Sizes are
-    compared at run time only where the batch size is not static; between
-    workers always, in the one collective that also says whether every worker
-    got data, so that every worker runs the same collectives whatever its
-    dataset's shapes. Given `steps` (on several workers), that collective
-    also compares the workers' `steps`: STEPS_DIFFER where they differ.
-    """
-    optionals = [iterator.get_next_as_optional() for _ in self._devices]
-    got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
-    compared = self._sizes_to_compare(iterator.element_spec)
-    if compared is None:
-      return optionals, got_all  # a bool: the one way to stop is to run out
-    leaf, static_size = compared
-    with tf.device(self._devices[0]):
-      if static_size is not None:
-        sizes = tf.constant([static_size], tf.int64)
-      else:
-        sizes = tf.stack([
-            tf.cond(o.has_value(),
-                    lambda o=o: _batch_size(tf.nest.flatten(o.get_value())[leaf]),
-                    lambda: tf.constant(-1, tf.int64))
-            for o in optionals])
-      # min over workers of (got a batch, smallest size, -largest size)
-      state = [tf.cast(got_all, tf.int64), tf.reduce_min(sizes), -tf.reduce_max(sizes)]
-      if steps is not None:  # and (min, -max) over workers of steps
-        state += [steps, -steps]
-      state = collectives.across_workers(tf.stack(state), "Min", self._workers)
-      status = tf.where(
-          state[0] > 0,
-          tf.where(tf.equal(state[1], -state[2]), _status(READY), _status(UNEVEN)),
-          _status(OUT_OF_DATA))
-      if steps is not None:
-        status = tf.where(tf.equal(state[3], -state[4]), status, _status(STEPS_DIFFER))
-    return optionals, status
-
-  def _agree_on_steps(self, steps):
-    """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different ones."""
-    with tf.device(self._devices[0]):
-      fewest, most = collectives.min_and_max_across_workers(steps, self._workers)
-      same = tf.equal(fewest, most)
-      return (tf.where(same, steps, tf.constant(0, tf.int64)),
-              tf.where(same, _status(READY), _status(STEPS_DIFFER)))
-
   def _trace_single(self, iterator, args):
     n = len(self._devices)
     if iterator is None:
       outputs = self._replicated_step([None] * n, args)
-      completed, status = tf.constant(1, tf.int64), _status(READY)
+      completed = tf.constant(1, tf.int64)
+      status = step_fetch.status_tensor(step_fetch.READY)
     else:
-      optionals, status = self._fetch(iterator)
+      optionals, status = self._fetcher.fetch(iterator)
       completed, outputs = tf.cond(
-          _is_ready(status),
+          step_fetch.is_ready(status),
           lambda: (tf.constant(1, tf.int64), self._replicated_step(
               [(o.get_value(),) for o in optionals], args)),
           lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
-    self._check_variables(tf.compat.v1.get_default_graph())
-    return completed, outputs, _why_stopped(status)
+    step_errors.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
+    return completed, outputs, step_fetch.why_stopped(status)
 
   def _trace_loop(self, iterator, steps, args):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
@@ -572,9 +255,9 @@ class CompiledStep:
     # order, and the step would return another step's numbers.
     parallel_iterations = 1 if self._current.draws_random else 10
     if iterator is None:
-      status = _status(READY)
+      status = step_fetch.status_tensor(step_fetch.READY)
       if self._workers is not None:
-        steps, status = self._agree_on_steps(steps)
+        steps, status = self._fetcher.agree_on_steps(steps)
       completed, outputs = tf.while_loop(
           lambda i, _: i < steps,
           lambda i, _: (i + 1, self._replicated_step([None] * n, args)),
@@ -586,9 +269,9 @@ class CompiledStep:
 
       def fetch_if_due(i):
         done = (tf.constant(False)
-                if self._sizes_to_compare(iterator.element_spec) is None
-                else _status(DONE))
-        return tf.cond(i < steps, lambda: self._fetch(iterator),
+                if self._fetcher.sizes_to_compare(iterator.element_spec) is None
+                else step_fetch.status_tensor(step_fetch.DONE))
+        return tf.cond(i < steps, lambda: self._fetcher.fetch(iterator),
                        lambda: (empty, done))
 
       def body(i, optionals, unused_status, unused_outputs):
@@ -596,27 +279,13 @@ class CompiledStep:
         optionals, status = fetch_if_due(i + 1)
         return i + 1, optionals, status, outputs
 
-      optionals, status = self._fetch(
+      optionals, status = self._fetcher.fetch(
           iterator, steps if self._workers is not None else None)
       completed, _, status, outputs = tf.while_loop(
-          lambda i, optionals, status, outputs: _is_ready(status), body,
+          lambda i, optionals, status, outputs: step_fetch.is_ready(status), body,
           (zero, optionals, status, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
                             tf.TensorShape([]), invariants),
           parallel_iterations=parallel_iterations)
-    self._check_variables(tf.compat.v1.get_default_graph())
-    return completed, outputs, _why_stopped(status)
-
-  def _check_variables(self, graph):
-    if len(self._devices) < 2:
-      return
-    for variable in graph._watched_variables:  # pylint: disable=protected-access
-      # (a function loaded from a SavedModel watches the ReplicatedVariable itself)
-      if not (variables.is_component(variable) or
-              isinstance(variable, variables.ReplicatedVariable)):
-        generator = ("" if "StateVar" not in variable.name else
-                     " If it is a tf.random.Generator's state (such as "
-                     "tf.random.get_global_generator()'s), make the generator "
-                     "inside the context, or use repl.random_generator(seed).")
-        raise ValueError(_made_outside(f"uses the variable {variable.name!r}, which was")
-                         + generator)
+    step_errors.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
+    return completed, outputs, step_fetch.why_stopped(status)

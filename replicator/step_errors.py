@@ -1,0 +1,175 @@
+"""The errors of a step that cannot run, each saying what to do instead.
+
+TensorFlow reports these deep in a graph dump, or not at all (a variable made
+outside every context would silently be shared by the replicas, workers that
+traced different collectives would wait for each other forever). Here they are
+found on the traced step, or recognized in TensorFlow's error, and explained in
+terms of step_fn.
+"""
+
+import re
+
+import tensorflow as tf
+
+from replicator import collectives
+from replicator import variables
+
+# "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal.
+_XLA_MISSING_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA_\w+_JIT")
+_PRINT_OPS = frozenset({"PrintV2", "Print", "StringFormat"})
+
+
+def xla_unsupported(error: tf.errors.OpError, step_fn, compiled_by: str):
+  """A clear error for ops XLA cannot compile, or None for other errors.
+
+  TensorFlow's message names the op type deep inside a graph dump; this one
+  names step_fn, the ops and what to do instead.
+  """
+  ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
+  if not ops:
+    return None
+  name = getattr(step_fn, "__name__", step_fn)
+  if _PRINT_OPS.intersection(ops):
+    fix = ("tf.print cannot run inside the compiled step: return the values "
+           "from step_fn and print what run returns (one row per replica)")
+  else:
+    fix = ("move that computation out of the step: into input_fn "
+           "(dataset.map) or after run, on what run returns")
+  return type(error)(
+      error.node_def, error.op,
+      f"step_fn: {name} uses {', '.join(ops)}, which XLA cannot compile; "
+      f"{compiled_by}. Fix: {fix}.")
+
+
+def check_outputs(outputs, step_fn):
+  def check(leaf):
+    if leaf is None or isinstance(leaf, tf.Tensor):
+      return leaf
+    if isinstance(leaf, tf.Variable):
+      return tf.convert_to_tensor(leaf)
+    raise TypeError(
+        f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned "
+        f"{type(leaf).__name__} {leaf!r} in {outputs!r}; return tensors (wrap "
+        "Python numbers with tf.constant, or leave them out).")
+  return tf.nest.map_structure(check, outputs)
+
+
+# the stacking op's name, by which `output_shape_error` knows its failure
+_STACKED_OUTPUTS = "outputs_of_every_replica"
+
+
+def different_output_shapes(step_fn, shapes=None) -> str:
+  """The error for replicas whose outputs differ in shape."""
+  found = f" ({', '.join(str(s) for s in shapes)})" if shapes else ""
+  return (
+      f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned an output "
+      f"whose shape differs from replica to replica{found}; run stacks each "
+      "output over the replicas, so it must have one shape on all of them. "
+      "Reduce it inside the step (repl.all_sum, a mean), or pad it to a fixed "
+      "size and return a mask with it.")
+
+
+def output_shape_error(error: tf.errors.OpError, step_fn):
+  """A clear error when stacking the replicas' outputs failed at run time."""
+  if _STACKED_OUTPUTS not in str(error):
+    return None
+  return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
+
+
+def stack_over_replicas(values, step_fn):
+  """One output leaf of every replica, stacked (its shape checked first)."""
+  shapes = [value.shape for value in values]
+  if not all(shape.is_compatible_with(shapes[0]) for shape in shapes):
+    raise ValueError(different_output_shapes(step_fn, shapes))
+  return tf.stack(values, name=_STACKED_OUTPUTS)
+
+
+def data_dependent_initializer(error, step_fn) -> ValueError:
+  """The error for a variable that step_fn initializes from the step's input."""
+  return ValueError(
+      f"step_fn: {getattr(step_fn, '__name__', step_fn)} "
+      "creates a variable whose initial value depends on the step's input "
+      "(data-dependent initialization, as in ActNorm); variables made in "
+      "the step are initialized before any batch arrives. Create it before "
+      "run: call the module once on a sample batch inside `with "
+      "repl.context():`, or create it with a placeholder value and assign "
+      f"the data's value in the step. ({str(error).splitlines()[0][:300]})")
+
+
+class ProgramsDiffer(ValueError):
+  """Workers traced different collectives for one step: it must not run."""
+
+
+def check_same_program(step_fn, workers, device: str, issued_before: int):
+  """On several workers: raises unless every worker traced as many collectives.
+
+  Workers whose step_fn took other Python branches (an extra collective on
+  the chief, say) would pair collectives with different keys and wait for
+  each other forever; compared before the step first runs, they raise
+  `ProgramsDiffer`, with their keys aligned again for the steps that follow.
+  """
+  traced = workers.issued - issued_before
+  with tf.device(device):
+    fewest, most = (int(x) for x in collectives.min_and_max_across_workers(
+        tf.constant(traced, tf.int64), workers,
+        instance_key=workers.next_check()))
+  if fewest != most:
+    workers.issued = issued_before + most
+    raise ProgramsDiffer(
+        f"step_fn: {getattr(step_fn, '__name__', step_fn)} traced "
+        f"{traced} cross-worker collective(s) on worker "
+        f"{workers.worker_index} and from {fewest} to {most} on the "
+        "workers, so they would wait for each other forever. Every worker must "
+        "run the same program: take the same Python branches in step_fn (branch "
+        "on tensors, not on the worker index), build the same models and call "
+        "run with the same step_fn, input_fn and args, in the same order.")
+
+
+# Ops that write a resource variable (their first input is its handle).
+_VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp",
+                    "ResourceScatter", "ResourceApply", "ResourceSparseApply",
+                    "ResourceStridedSliceAssign")
+
+
+def _made_outside(what: str) -> str:
+  """The error for a step that uses a variable of no replicator context."""
+  return (f"step_fn {what} created outside every replicator context, so each "
+          "replica would update one shared copy. Create it inside `with "
+          "repl.context():` (or on the first run of the step).")
+
+
+def check_writes(graph, num_devices: int):
+  """Refuses writes to a variable made outside every replicator context.
+
+  `check_variables` sees the variables a step reads; one that is only
+  written (`assign_add(x, read_value=False)`) is found here, as a captured
+  resource that no replicated or replica-local variable owns, written by
+  an op of the step's own graph (not inside a `tf.cond` of it).
+  """
+  if num_devices < 2:
+    return
+  known = variables.component_handles()
+  foreign = {internal.name for external, internal in graph.captures
+             if external.dtype == tf.resource and id(external) not in known}
+  for op in graph.get_operations() if foreign else ():
+    if (op.type.startswith(_VARIABLE_WRITES) and op.inputs and
+        op.inputs[0].name in foreign):
+      value = op.inputs[1] if len(op.inputs) > 1 else None
+      what = f" of dtype {value.dtype.name}" if value is not None else ""
+      raise ValueError(_made_outside(
+          f"writes a variable{what} ({op.type} {op.name!r}) that was"))
+
+
+def check_variables(graph, num_devices: int):
+  if num_devices < 2:
+    return
+  for variable in graph._watched_variables:  # pylint: disable=protected-access
+    # (a function loaded from a SavedModel watches the ReplicatedVariable itself)
+    if not (variables.is_component(variable) or
+            isinstance(variable, variables.ReplicatedVariable)):
+      generator = ("" if "StateVar" not in variable.name else
+                   " If it is a tf.random.Generator's state (such as "
+                   "tf.random.get_global_generator()'s), make the generator "
+                   "inside the context, or use repl.random_generator(seed).")
+      raise ValueError(_made_outside(f"uses the variable {variable.name!r}, which was")
+                       + generator)

@@ -1,0 +1,139 @@
+"""Each step's batches for the local replicas, and whether the step may run.
+
+A step runs only when every replica, on every worker, has a batch (and, unless
+the input allows uneven batches, all of one size), and on several workers only
+when every worker asked for the same number of steps. The status codes say
+which of these stopped a loop; `Replicator.run` turns them into its errors.
+"""
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from replicator import collectives
+
+# Why a step did or did not run (`BatchFetcher.fetch`'s status).
+READY = 1  # every replica has a batch, all one size
+OUT_OF_DATA = 0  # some replica, on some worker, has none
+UNEVEN = -1  # every replica has one, not all one size
+DONE = 2  # the loop ran the steps it was asked for
+STEPS_DIFFER = -2  # workers asked for different numbers of steps: none ran
+
+
+def status_tensor(value: int) -> tf.Tensor:
+  return tf.constant(value, tf.int64)
+
+
+def is_ready(status: tf.Tensor) -> tf.Tensor:
+  return status if status.dtype == tf.bool else tf.equal(status, READY)
+
+
+def why_stopped(status: tf.Tensor) -> tf.Tensor:
+  """The status as an int64 (a bool status stops only when out of data)."""
+  if status.dtype == tf.bool:
+    return status_tensor(OUT_OF_DATA)
+  return status
+
+
+def _batch_leaf(element_spec):
+  """`(index, static batch size or None)` of the first batched element leaf.
+
+  `(None, 0)` when no leaf has a batch dimension. A leaf of unknown rank
+  (from `tf.py_function`, say) may have one, of a size known at run time.
+  """
+  for index, spec in enumerate(tf.nest.flatten(element_spec)):
+    shape = getattr(spec, "shape", None)
+    if shape is not None and shape.rank is None:
+      return index, None
+    if shape is not None and shape.rank:
+      return index, shape[0]
+  return None, 0
+
+
+def _batch_size(value) -> tf.Tensor:
+  if isinstance(value, tf.RaggedTensor):
+    return value.nrows(out_type=tf.int64)
+  if isinstance(value, tf.SparseTensor):
+    return value.dense_shape[0]
+  # -1 for a scalar (a leaf of unknown rank may turn out to be one)
+  return tf.concat([tf.shape(value, out_type=tf.int64), [-1]], 0)[0]
+
+
+class BatchFetcher:
+  """The local replicas' batches for one compiled step, and whether it may run."""
+
+  def __init__(self, devices: Sequence[str], num_replicas: int, workers,
+               uneven_batches: bool):
+    self._devices = tuple(devices)
+    self._num_replicas = num_replicas
+    self._workers = workers
+    self._uneven_batches = uneven_batches
+
+  def sizes_to_compare(self, element_spec):
+    """`(leaf, static batch size or None)` whose size `fetch` compares.
+
+    None where it compares none (one replica, or one worker with a static batch
+    size): `fetch`'s status is then a bool. With `allow_uneven_batches` the
+    size counts as static (0) and only workers' data is compared.
+    """
+    leaf, static_size = _batch_leaf(element_spec)
+    if self._uneven_batches:
+      static_size = 0
+    if self._num_replicas == 1 or (self._workers is None and static_size is not None):
+      return None
+    return leaf, static_size
+
+  def fetch(self, iterator, steps=None):
+    """Takes one element per local replica: `(optionals, status)`.
+
+    Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
+    as can be in the loop. Elsewhere it is READY when every replica, on every
+    worker, got a batch and all those batches are the same size; else
+    OUT_OF_DATA, or UNEVEN when every replica got a batch but of different
+    sizes. The mean over replicas weights every replica's batch alike, so a
+    step with a short last batch on some replicas would not be the step of one
+    replica on the whole batch: such a step does not run, unless the input
+    allows uneven batches (`replicator.allow_uneven_batches`). Sizes are
+    compared at run time only where the batch size is not static; between
+    workers always, in the one collective that also says whether every worker
+    got data, so that every worker runs the same collectives whatever its
+    dataset's shapes. Given `steps` (on several workers), that collective
+    also compares the workers' `steps`: STEPS_DIFFER where they differ.
+    """
+    optionals = [iterator.get_next_as_optional() for _ in self._devices]
+    got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
+    compared = self.sizes_to_compare(iterator.element_spec)
+    if compared is None:
+      return optionals, got_all  # a bool: the one way to stop is to run out
+    leaf, static_size = compared
+    with tf.device(self._devices[0]):
+      if static_size is not None:
+        sizes = tf.constant([static_size], tf.int64)
+      else:
+        sizes = tf.stack([
+            tf.cond(o.has_value(),
+                    lambda o=o: _batch_size(tf.nest.flatten(o.get_value())[leaf]),
+                    lambda: tf.constant(-1, tf.int64))
+            for o in optionals])
+      # min over workers of (got a batch, smallest size, -largest size)
+      state = [tf.cast(got_all, tf.int64), tf.reduce_min(sizes), -tf.reduce_max(sizes)]
+      if steps is not None:  # and (min, -max) over workers of steps
+        state += [steps, -steps]
+      state = collectives.across_workers(tf.stack(state), "Min", self._workers)
+      status = tf.where(
+          state[0] > 0,
+          tf.where(tf.equal(state[1], -state[2]), status_tensor(READY),
+                   status_tensor(UNEVEN)),
+          status_tensor(OUT_OF_DATA))
+      if steps is not None:
+        status = tf.where(tf.equal(state[3], -state[4]), status,
+                          status_tensor(STEPS_DIFFER))
+    return optionals, status
+
+  def agree_on_steps(self, steps):
+    """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different ones."""
+    with tf.device(self._devices[0]):
+      fewest, most = collectives.min_and_max_across_workers(steps, self._workers)
+      same = tf.equal(fewest, most)
+      return (tf.where(same, steps, tf.constant(0, tf.int64)),
+              tf.where(same, status_tensor(READY), status_tensor(STEPS_DIFFER)))
