@@ -11,7 +11,7 @@ from replicator import _tf_check  # first: a clear error for a missing or old TF
 from replicator import nn
 from replicator import testing
 from replicator.base import Replicator
-from replicator.base import ReplicasDiverged
+from replicator.divergence import ReplicasDiverged
 from replicator.checkpoint import Checkpointer
 from replicator.cluster import WorkerLost
 from replicator.collectives import AllReduceOptions

@@ -15,10 +15,12 @@ import tensorflow as tf
 from replicator import cluster
 from replicator import collectives
 from replicator import context
-from replicator import inputs
+from replicator import divergence
+from replicator import input_streams
 from replicator import keras_compat
 from replicator import nested_functions
 from replicator import optimizers
+from replicator import peers
 from replicator import randomness
 from replicator import replica_ops
 from replicator import resume
@@ -29,10 +31,6 @@ from replicator import variables
 from replicator.mesh import Mesh
 
 ReduceOp = collectives.ReduceOp
-
-
-class ReplicasDiverged(AssertionError):
-  """Raised by `assert_replicas_in_sync` when copies of a variable differ."""
 
 
 class Replicator:
@@ -52,7 +50,7 @@ class Replicator:
     all_reduce = collectives.check_options(all_reduce)
     self._mesh = mesh
     self._workers = None
-    self._heartbeat = None
+    self._peers = None
     self._steps_completed = 0
     if mesh.num_workers > 1:
       # Collectives wait as long as it takes; the heartbeat decides liveness.
@@ -60,28 +58,23 @@ class Replicator:
                                              timeout_s=0)
       self._placement = tuple(cluster.device_name(mesh.worker_index, d)
                               for d in (placement or mesh.local_devices))
+      self._peers = peers.Peers(mesh, self._workers, self._placement[0],
+                                all_reduce.timeout_s)
     else:
       self._placement = tuple(f"/device:{d}" for d in (placement or mesh.local_devices))
-    self._synced_variables = 0
-    self._consumed = {}  # input key -> steps taken from it since its start
-    self._saved_positions = None  # a checkpoint's, until this replicator claims one
-    self._skip = {}  # input key -> steps to skip when it starts (restored)
-    self._restored = set()  # input_fns to start again at their next use
-    self._input_keys = {}  # input_fn -> its key in checkpoints
     self._created = next(Replicator._creation_order)
     Replicator.live.add(self)
     self._jit_compile = jit_compile
     self._all_reduce = all_reduce
     self._factory = variables.VariableFactory(self._placement)
-    self._inputs = {}  # input_fn -> (iterator, element_spec)
-    self._uneven_inputs = set()  # input_fns marked by allow_uneven_batches
+    self._inputs = input_streams.InputStreams(mesh)
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
     randomness.install()
     nested_functions.install()
     keras_compat.install()
-    if self._workers is not None:
-      self._wait_for_workers()
+    if self._peers is not None:
+      self._peers.join()
 
   live = weakref.WeakSet()  # every replicator not yet garbage collected
   # Says how steps are compiled, in errors about ops that XLA lacks.
@@ -192,7 +185,7 @@ class Replicator:
       raise ValueError(f"steps: expected an int >= 1, got {steps!r}.")
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
-    iterator, element_spec = self._input(input_fn)
+    iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
     try:
       self._sync_new_variables()
     except tf.errors.OpError as error:
@@ -207,9 +200,9 @@ class Replicator:
           num_replicas=self.num_replicas, factory=self._factory,
           jit_compile=self._jit_compile, workers=self._workers,
           on_variables_created=self._sync_new_variables,
-          uneven_batches=input_fn in self._uneven_inputs)
+          uneven_batches=self._inputs.allows_uneven_batches(input_fn))
       self._steps[(step_fn, input_fn)] = compiled
-      self._warn_if_input_fn_is_new_each_call(step_fn, input_fn)
+      input_streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
     try:
       completed, outputs, status = compiled(iterator, int(steps), args)
     except step_errors.ProgramsDiffer:
@@ -228,8 +221,7 @@ class Replicator:
     completed = int(completed)
     self._steps_completed += completed
     if input_fn is not None:
-      key = self._input_key(input_fn)
-      self._consumed[key] = self._consumed.get(key, 0) + completed
+      self._inputs.count_steps(input_fn, completed)
     if completed < steps:
       if int(status) == step_fetch.STEPS_DIFFER:
         raise ValueError(
@@ -249,159 +241,29 @@ class Replicator:
                                    uneven_batches=uneven)
     return outputs
 
-  def _warn_if_input_fn_is_new_each_call(self, step_fn, input_fn):
-    """A new `input_fn` object per call restarts the data: say so, once."""
-    if input_fn is None:
-      return
-    count = sum(1 for s, i in self._steps if s is step_fn and i is not None)
-    if count == 3:
-      logging.warning(
-          "replicator: run(%s, input_fn) got a third different input_fn object. "
-          "Each new input_fn (for example a lambda written inside the training "
-          "loop) is a new input that starts from its first batch, and compiles "
-          "the step again. Define input_fn once, outside the loop, unless you "
-          "mean to restart the data (reset_input does that).",
-          getattr(step_fn, "__name__", step_fn))
-
-  def _wait_for_workers(self):
-    """Returns once every worker has started, then watches them.
-
-    Workers start minutes apart on a busy cluster (and imports alone take tens
-    of seconds), so each waits for the others' servers up to 10 x
-    `AllReduceOptions.timeout_s`, then raises naming those still missing.
-    """
-    join_timeout_s = 10 * self._all_reduce.timeout_s
-    missing = cluster.unjoined_peers(self._mesh, join_timeout_s)
-    if missing:
-      names = ", ".join(f"{w} ({self._mesh.worker_addresses[w]})" for w in missing)
-      raise TimeoutError(
-          f"cluster: worker {self._mesh.worker_index} waited {join_timeout_s:g} s "
-          f"(10 x AllReduceOptions.timeout_s) and worker(s) {names} did not join. "
-          "Start every worker of TF_CONFIG's cluster (python -m replicator.launch "
-          "starts local ones), check that it did not fail before creating its "
-          "replicator, or raise AllReduceOptions(timeout_s=...) for slow starts.")
-    self._heartbeat = cluster.Heartbeat(self._mesh, self._all_reduce.timeout_s / 2)
-    self._across_workers([1], "Add")  # after it, every worker's runtime is ready
-
   def _across_workers(self, values, merge_op: str) -> np.ndarray:
     """`values` (int64s) merged over the workers with `merge_op`, eagerly.
 
     Every worker must call it, in the same order (as `Checkpointer` does).
     """
-    try:
-      with tf.device(self._placement[0]):
-        return collectives.across_workers(
-            tf.constant(values, tf.int64), merge_op, self._workers).numpy()
-    except tf.errors.OpError as error:
-      self._raise_if_worker_lost(error)
-      raise
+    return self._peers.merge(values, merge_op, self._steps_completed)
 
   def _raise_if_worker_lost(self, error):
-    """Raises `WorkerLost` for `error` if a worker is gone.
-
-    Gone: the heartbeat saw it, or a peer fails a health check now (the error
-    may come before the heartbeat's next look). Any other error (a failed
-    check_numerics on every worker, say) is the step's own: the caller
-    re-raises it.
-    """
-    if self._workers is None:
-      return
-    worker = self._heartbeat.lost if self._heartbeat else None
-    if worker is None:
-      worker = cluster.first_unhealthy_peer(
-          self._mesh, timeout_s=min(5.0, self._all_reduce.timeout_s))
-      if worker is None:
-        return
-    raise cluster.WorkerLost(worker, self._steps_completed,
-                             self._mesh.worker_addresses[worker],
-                             type(error).__name__) from error
+    """Raises `WorkerLost` for `error` if a worker is gone (else returns)."""
+    if self._peers is not None:
+      self._peers.raise_if_lost(error, self._steps_completed)
 
   def _sync_new_variables(self):
     """Gives every worker the chief's initial values of new variables."""
-    new = self._factory.created[self._synced_variables:]
-    self._synced_variables = len(self._factory.created)
-    if self._workers is None or not new:
-      return
-    chief = self._mesh.is_chief
-
-    @tf.function(autograph=False)
-    def sync():
-      for variable in new:
-        with tf.device(self._placement[0]):
-          value = variable.replicas[0].read_value()
-          wire = tf.int32 if value.dtype.is_bool else value.dtype
-          value = tf.cast(value, wire) if chief else tf.zeros_like(value, wire)
-          value = tf.cast(collectives.across_workers(value, "Add", self._workers),
-                          variable.dtype)
-        for copy in variable.replicas:
-          copy.assign(value)
-
-    sync()
-
-  def _input_key(self, input_fn) -> str:
-    """A name for `input_fn` that is stable across restarts of the same script.
-
-    Its qualified name and closure constants (`resume.input_name`), numbered
-    in order of first use, with a warning, when several inputs share one.
-    """
-    if input_fn not in self._input_keys:
-      name = resume.input_name(input_fn)
-      taken = set(self._input_keys.values())
-      key, number = name, 1
-      while key in taken:
-        number += 1
-        key = f"{name}#{number}"
-      if number == 2:
-        resume.warn_indistinct(name)
-      self._input_keys[input_fn] = key
-    return self._input_keys[input_fn]
-
-  def _input(self, input_fn):
-    if input_fn is None:
-      return None, None
-    if input_fn in self._restored:  # started before a restore: start it again
-      self._restored.discard(input_fn)
-      self._inputs[input_fn] = self._make_input(input_fn, self._inputs[input_fn][1])
-    elif input_fn not in self._inputs:
-      self._inputs[input_fn] = self._make_input(input_fn)
-    return self._inputs[input_fn]
-
-  def _make_input(self, input_fn, expected_spec=None):
-    if not callable(input_fn):
-      raise TypeError(f"input_fn: expected a callable, got {input_fn!r}.")
-    ctx = context.InputContext(
-        num_input_pipelines=self.num_workers,
-        input_pipeline_id=self._mesh.worker_index,
-        num_replicas_in_sync=self.num_replicas)
-    dataset = input_fn(ctx)
-    if not isinstance(dataset, tf.data.Dataset):
-      raise TypeError(
-          f"input_fn: {getattr(input_fn, '__name__', input_fn)} returned "
-          f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
-          "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
-    self._check_dataset(dataset, input_fn)
-    if inputs.allows_uneven_batches(dataset):
-      self._uneven_inputs.add(input_fn)
-    key = self._input_key(input_fn)
-    self._claim_saved_positions(key)
-    skip = self._skip.pop(key, 0)
-    if skip:  # resuming: each step took one element per local replica
-      dataset = dataset.skip(skip * self.num_local_replicas)
-      self._consumed[self._input_key(input_fn)] = skip
-    if expected_spec is not None and dataset.element_spec != expected_spec:
-      raise ValueError(
-          f"input_fn: the dataset's element structure changed from "
-          f"{expected_spec} to {dataset.element_spec}; the compiled step "
-          "expects the first. Return the same structure on every call.")
-    with tf.device("/device:CPU:0"):
-      return iter(dataset), dataset.element_spec
+    if self._peers is not None:
+      self._peers.sync_new_variables(self._factory.created)
 
   def _check_dataset(self, dataset, input_fn):
     """Hook for subclasses that need stricter datasets (TPU: static shapes)."""
 
   def input_positions(self) -> dict:
     """Steps taken from each input since it started (what a checkpoint keeps)."""
-    return dict(self._consumed)
+    return self._inputs.positions()
 
   def resume_inputs(self, saved: resume.SavedPositions) -> None:
     """Makes each input start after the steps a checkpoint recorded.
@@ -415,51 +277,22 @@ class Replicator:
     deterministic; otherwise the same number of steps is skipped and a
     warning says so.
     """
-    self._saved_positions, self._skip, self._consumed = saved, {}, {}
-    self._restored = set(self._inputs)
-
-  def _claim_saved_positions(self, key: str):
-    """Takes the checkpoint's record that names input `key`, if none is taken."""
-    if self._saved_positions is None:
-      return
-    record = self._saved_positions.claim(
-        key, (self.num_workers, self.num_local_replicas))
-    if record is not None:
-      self._saved_positions, self._skip = None, dict(record["inputs"])
+    self._inputs.resume(saved)
 
   def reset_input(self, input_fn: Callable):
     """Starts `input_fn`'s data again from the beginning (calls it anew)."""
     self._check_open("reset_input")
-    self._consumed.pop(self._input_key(input_fn), None)
-    self._restored.discard(input_fn)
-    previous = self._inputs.get(input_fn)
-    self._inputs[input_fn] = self._make_input(
-        input_fn, previous[1] if previous else None)
+    self._inputs.reset(input_fn, self._check_dataset)
 
   def assert_replicas_in_sync(self, variables_to_check):
     """Raises `ReplicasDiverged` naming the first variable whose copies differ."""
-    for variable in tf.nest.flatten(variables_to_check):
-      inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
-      if isinstance(inner, variables.ReplicatedVariable):
-        variable = inner
-      if not isinstance(variable, variables.ReplicatedVariable):
-        raise TypeError(
-            f"variables: {getattr(variable, 'name', variable)!r} is not a "
-            "replicated variable; create it inside repl.context().")
-      sums = [_checksum(copy) for copy in variable.replicas]
-      for r, value in enumerate(sums[1:], start=1):
-        if value != sums[0]:
-          raise ReplicasDiverged(
-              f"Variable {variable.name!r} differs between replica "
-              f"{self._mesh.local_replica_ids[0]} and replica "
-              f"{self._mesh.local_replica_ids[r]} (checksums {sums[0]} vs "
-              f"{value}).")
+    divergence.assert_in_sync(variables_to_check, self._mesh.local_replica_ids)
 
   def shutdown(self):
     """Releases the devices; idempotent. `run` afterwards raises."""
     self._closed = True
-    if self._heartbeat is not None:
-      self._heartbeat.stop()
+    if self._peers is not None:
+      self._peers.stop()
     self._steps.clear()
     self._inputs.clear()
 
@@ -469,14 +302,3 @@ class Replicator:
           f"{method}: this {type(self).__name__} was shut down; create a new "
           "replicator to run more steps.")
 
-
-def _checksum(variable) -> int:
-  """A position-weighted sum of the raw bits of `variable`, on its device."""
-  with tf.device(variable.device):
-    value = tf.reshape(variable.read_value(), [-1])
-    if value.dtype.is_bool:
-      value = tf.cast(value, tf.uint8)
-    bits = {1: tf.uint8, 2: tf.uint16, 4: tf.uint32, 8: tf.uint64}[value.dtype.size]
-    words = tf.cast(tf.bitcast(value, bits), tf.int64) if value.dtype != bits else tf.cast(value, tf.int64)
-    weights = tf.range(1, tf.size(words, out_type=tf.int64) + 1) % 65521 + 1
-    return int(tf.reduce_sum(words * weights))

@@ -1,0 +1,45 @@
+"""Whether the copies of replicated variables still agree, bit for bit."""
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from replicator import variables
+
+
+class ReplicasDiverged(AssertionError):
+  """Raised by `assert_replicas_in_sync` when copies of a variable differ."""
+
+
+def assert_in_sync(variables_to_check, replica_ids: Sequence[int]):
+  """Raises `ReplicasDiverged` naming the first variable whose copies differ.
+
+  `replica_ids`: the global ids of the replicas that hold the local copies.
+  """
+  for variable in tf.nest.flatten(variables_to_check):
+    inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
+    if isinstance(inner, variables.ReplicatedVariable):
+      variable = inner
+    if not isinstance(variable, variables.ReplicatedVariable):
+      raise TypeError(
+          f"variables: {getattr(variable, 'name', variable)!r} is not a "
+          "replicated variable; create it inside repl.context().")
+    sums = [_checksum(copy) for copy in variable.replicas]
+    for r, value in enumerate(sums[1:], start=1):
+      if value != sums[0]:
+        raise ReplicasDiverged(
+            f"Variable {variable.name!r} differs between replica "
+            f"{replica_ids[0]} and replica {replica_ids[r]} (checksums "
+            f"{sums[0]} vs {value}).")
+
+
+def _checksum(variable) -> int:
+  """A position-weighted sum of the raw bits of `variable`, on its device."""
+  with tf.device(variable.device):
+    value = tf.reshape(variable.read_value(), [-1])
+    if value.dtype.is_bool:
+      value = tf.cast(value, tf.uint8)
+    bits = {1: tf.uint8, 2: tf.uint16, 4: tf.uint32, 8: tf.uint64}[value.dtype.size]
+    words = tf.cast(tf.bitcast(value, bits), tf.int64) if value.dtype != bits else tf.cast(value, tf.int64)
+    weights = tf.range(1, tf.size(words, out_type=tf.int64) + 1) % 65521 + 1
+    return int(tf.reduce_sum(words * weights))

@@ -1,0 +1,150 @@
+"""The inputs a replicator runs: their iterators, names and positions.
+
+An input is an `input_fn` object, started at its first run and again after a
+reset or a restore. Its position (steps taken since it started) is what a
+checkpoint keeps, under a name (`resume.input_name`) that a resumed script
+finds again.
+"""
+
+import logging
+from typing import Callable
+
+import tensorflow as tf
+
+from replicator import context
+from replicator import inputs
+from replicator import resume
+from replicator.mesh import Mesh
+
+
+def warn_if_new_each_call(step_fn, input_fn, compiled):
+  """A new `input_fn` object per call restarts the data: say so, once.
+
+  `compiled`: the `(step_fn, input_fn)` pairs the replicator has compiled.
+  """
+  if input_fn is None:
+    return
+  count = sum(1 for s, i in compiled if s is step_fn and i is not None)
+  if count == 3:
+    logging.warning(
+        "replicator: run(%s, input_fn) got a third different input_fn object. "
+        "Each new input_fn (for example a lambda written inside the training "
+        "loop) is a new input that starts from its first batch, and compiles "
+        "the step again. Define input_fn once, outside the loop, unless you "
+        "mean to restart the data (reset_input does that).",
+        getattr(step_fn, "__name__", step_fn))
+
+
+class InputStreams:
+  """The iterator of each `input_fn` a replicator runs, and its position.
+
+  `check_dataset`, given to the methods that call `input_fn`, is the
+  replicator's hook for stricter datasets (`Replicator._check_dataset`).
+  """
+
+  def __init__(self, mesh: Mesh):
+    self._mesh = mesh
+    self._inputs = {}  # input_fn -> (iterator, element_spec)
+    self._uneven_inputs = set()  # input_fns marked by allow_uneven_batches
+    self._consumed = {}  # input key -> steps taken from it since its start
+    self._saved_positions = None  # a checkpoint's, until this replicator claims one
+    self._skip = {}  # input key -> steps to skip when it starts (restored)
+    self._restored = set()  # input_fns to start again at their next use
+    self._input_keys = {}  # input_fn -> its key in checkpoints
+
+  def key(self, input_fn) -> str:
+    """A name for `input_fn` that is stable across restarts of the same script.
+
+    Its qualified name and closure constants (`resume.input_name`), numbered
+    in order of first use, with a warning, when several inputs share one.
+    """
+    if input_fn not in self._input_keys:
+      name = resume.input_name(input_fn)
+      taken = set(self._input_keys.values())
+      key, number = name, 1
+      while key in taken:
+        number += 1
+        key = f"{name}#{number}"
+      if number == 2:
+        resume.warn_indistinct(name)
+      self._input_keys[input_fn] = key
+    return self._input_keys[input_fn]
+
+  def get(self, input_fn, check_dataset: Callable):
+    """`input_fn`'s `(iterator, element_spec)`, started at its first use."""
+    if input_fn is None:
+      return None, None
+    if input_fn in self._restored:  # started before a restore: start it again
+      self._restored.discard(input_fn)
+      self._inputs[input_fn] = self._make_input(input_fn, check_dataset,
+                                                self._inputs[input_fn][1])
+    elif input_fn not in self._inputs:
+      self._inputs[input_fn] = self._make_input(input_fn, check_dataset)
+    return self._inputs[input_fn]
+
+  def allows_uneven_batches(self, input_fn) -> bool:
+    return input_fn in self._uneven_inputs
+
+  def count_steps(self, input_fn, completed: int):
+    key = self.key(input_fn)
+    self._consumed[key] = self._consumed.get(key, 0) + completed
+
+  def _make_input(self, input_fn, check_dataset, expected_spec=None):
+    if not callable(input_fn):
+      raise TypeError(f"input_fn: expected a callable, got {input_fn!r}.")
+    ctx = context.InputContext(
+        num_input_pipelines=self._mesh.num_workers,
+        input_pipeline_id=self._mesh.worker_index,
+        num_replicas_in_sync=self._mesh.num_replicas)
+    dataset = input_fn(ctx)
+    if not isinstance(dataset, tf.data.Dataset):
+      raise TypeError(
+          f"input_fn: {getattr(input_fn, '__name__', input_fn)} returned "
+          f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
+          "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
+    check_dataset(dataset, input_fn)
+    if inputs.allows_uneven_batches(dataset):
+      self._uneven_inputs.add(input_fn)
+    key = self.key(input_fn)
+    self._claim_saved_positions(key)
+    skip = self._skip.pop(key, 0)
+    if skip:  # resuming: each step took one element per local replica
+      dataset = dataset.skip(skip * self._mesh.devices_per_worker)
+      self._consumed[self.key(input_fn)] = skip
+    if expected_spec is not None and dataset.element_spec != expected_spec:
+      raise ValueError(
+          f"input_fn: the dataset's element structure changed from "
+          f"{expected_spec} to {dataset.element_spec}; the compiled step "
+          "expects the first. Return the same structure on every call.")
+    with tf.device("/device:CPU:0"):
+      return iter(dataset), dataset.element_spec
+
+  def positions(self) -> dict:
+    """Steps taken from each input since it started (what a checkpoint keeps)."""
+    return dict(self._consumed)
+
+  def resume(self, saved: resume.SavedPositions) -> None:
+    """Resumes from `saved` (see `Replicator.resume_inputs`)."""
+    self._saved_positions, self._skip, self._consumed = saved, {}, {}
+    self._restored = set(self._inputs)
+
+  def _claim_saved_positions(self, key: str):
+    """Takes the checkpoint's record that names input `key`, if none is taken."""
+    if self._saved_positions is None:
+      return
+    record = self._saved_positions.claim(
+        key, (self._mesh.num_workers, self._mesh.devices_per_worker))
+    if record is not None:
+      self._saved_positions, self._skip = None, dict(record["inputs"])
+
+  def reset(self, input_fn: Callable, check_dataset: Callable):
+    """Starts `input_fn`'s data again from the beginning (calls it anew)."""
+    self._consumed.pop(self.key(input_fn), None)
+    self._restored.discard(input_fn)
+    previous = self._inputs.get(input_fn)
+    self._inputs[input_fn] = self._make_input(
+        input_fn, check_dataset, previous[1] if previous else None)
+
+  def clear(self):
+    """Drops every iterator (the replicator shuts down)."""
+    self._inputs.clear()

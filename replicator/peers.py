@@ -1,0 +1,116 @@
+"""The other workers of a job, seen from one: joining them, and noticing a loss.
+
+Outside steps, a replicator talks to its peers eagerly: once to wait for them
+to start, then to give them the chief's initial values of new variables and to
+merge the counters of `Checkpointer` (its barrier, its agreement on a step).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from replicator import cluster
+from replicator import collectives
+from replicator.mesh import Mesh
+
+
+class Peers:
+  """This worker's link to the other workers of `mesh`.
+
+  Args:
+    mesh: a mesh of several workers.
+    keys: the replicator's `CollectiveKeys`.
+    device: where this worker's eager collectives run.
+    timeout_s: `AllReduceOptions.timeout_s`, which sets how long to wait for a
+      peer.
+  """
+
+  def __init__(self, mesh: Mesh, keys: cluster.CollectiveKeys, device: str,
+               timeout_s: float):
+    self._mesh = mesh
+    self._keys = keys
+    self._device = device
+    self._timeout_s = timeout_s
+    self._heartbeat = None
+    self._synced_variables = 0
+
+  def join(self):
+    """Returns once every worker has started, then watches them.
+
+    Workers start minutes apart on a busy cluster (and imports alone take tens
+    of seconds), so each waits for the others' servers up to 10 x
+    `AllReduceOptions.timeout_s`, then raises naming those still missing.
+    """
+    join_timeout_s = 10 * self._timeout_s
+    missing = cluster.unjoined_peers(self._mesh, join_timeout_s)
+    if missing:
+      names = ", ".join(f"{w} ({self._mesh.worker_addresses[w]})" for w in missing)
+      raise TimeoutError(
+          f"cluster: worker {self._mesh.worker_index} waited {join_timeout_s:g} s "
+          f"(10 x AllReduceOptions.timeout_s) and worker(s) {names} did not join. "
+          "Start every worker of TF_CONFIG's cluster (python -m replicator.launch "
+          "starts local ones), check that it did not fail before creating its "
+          "replicator, or raise AllReduceOptions(timeout_s=...) for slow starts.")
+    self._heartbeat = cluster.Heartbeat(self._mesh, self._timeout_s / 2)
+    self.merge([1], "Add", steps_completed=0)  # after it, every worker's runtime is ready
+
+  def merge(self, values, merge_op: str, steps_completed: int) -> np.ndarray:
+    """`values` (int64s) merged over the workers with `merge_op`, eagerly.
+
+    `steps_completed` is what a `WorkerLost` raised meanwhile reports.
+    """
+    try:
+      with tf.device(self._device):
+        return collectives.across_workers(
+            tf.constant(values, tf.int64), merge_op, self._keys).numpy()
+    except tf.errors.OpError as error:
+      self.raise_if_lost(error, steps_completed)
+      raise
+
+  def raise_if_lost(self, error, steps_completed: int):
+    """Raises `WorkerLost` for `error` if a worker is gone.
+
+    Gone: the heartbeat saw it, or a peer fails a health check now (the error
+    may come before the heartbeat's next look). Any other error (a failed
+    check_numerics on every worker, say) is the step's own: the caller
+    re-raises it.
+    """
+    worker = self._heartbeat.lost if self._heartbeat else None
+    if worker is None:
+      worker = cluster.first_unhealthy_peer(
+          self._mesh, timeout_s=min(5.0, self._timeout_s))
+      if worker is None:
+        return
+    raise cluster.WorkerLost(worker, steps_completed,
+                             self._mesh.worker_addresses[worker],
+                             type(error).__name__) from error
+
+  def sync_new_variables(self, created):
+    """Gives every worker the chief's initial values of new variables.
+
+    `created`: every replicated variable in creation order; those after the
+    previous call's are new.
+    """
+    new = created[self._synced_variables:]
+    self._synced_variables = len(created)
+    if not new:
+      return
+    chief = self._mesh.is_chief
+
+    @tf.function(autograph=False)
+    def sync():
+      for variable in new:
+        with tf.device(self._device):
+          value = variable.replicas[0].read_value()
+          wire = tf.int32 if value.dtype.is_bool else value.dtype
+          value = tf.cast(value, wire) if chief else tf.zeros_like(value, wire)
+          value = tf.cast(collectives.across_workers(value, "Add", self._keys),
+                          variable.dtype)
+        for copy in variable.replicas:
+          copy.assign(value)
+
+    sync()
+
+  def stop(self):
+    """Stops watching the peers."""
+    if self._heartbeat is not None:
+      self._heartbeat.stop()
