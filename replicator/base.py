@@ -74,18 +74,16 @@ class Replicator:
     nested_functions.install()
     keras_compat.install()
     if self._peers is not None:
-      self._peers.join()
+      try:
+        self._peers.join()
+      except BaseException:
+        self.shutdown()  # or a Checkpointer would wait on workers never joined
+        raise
 
   live = weakref.WeakSet()  # every replicator not yet garbage collected
   # Says how steps are compiled, in errors about ops that XLA lacks.
   _compiled_by = "this replicator compiles each step as one XLA computation"
   _creation_order = itertools.count()
-
-  @classmethod
-  def newest(cls) -> Optional["Replicator"]:
-    """The most recently created replicator that is not shut down."""
-    open_ = [r for r in list(cls.live) if not r._closed]  # pylint: disable=protected-access
-    return max(open_, key=lambda r: r._created, default=None)  # pylint: disable=protected-access
 
   # Topology.
   mesh = property(lambda self: self._mesh)

@@ -83,7 +83,6 @@ class CompiledStep:
     self._first_replica_id = first_replica_id
     self._num_replicas = num_replicas
     self._factory = factory
-    self._jit_compile = jit_compile
     self._workers = workers
     self._on_variables_created = on_variables_created or (lambda: None)
     self._python_numbers = step_args.PythonNumbers(step_fn)

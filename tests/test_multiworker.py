@@ -153,8 +153,19 @@ def test_a_worker_that_never_joins_is_named_within_the_join_timeout():
     busy.listen()
     addresses = [f"127.0.0.1:{launch.free_ports(1)[0]}",
                  f"127.0.0.1:{busy.getsockname()[1]}"]
-    code = ("import replicator; replicator.MultiGpuReplicator("
-            "all_reduce=replicator.AllReduceOptions(timeout_s=0.5))")
+    # The failed replicator stays referenced (by the traceback): a later
+    # checkpoint must not take it for a cluster to wait on.
+    code = ("import sys, tempfile, tensorflow as tf, replicator\n"
+            "try:\n"
+            "  replicator.MultiGpuReplicator("
+            "all_reduce=replicator.AllReduceOptions(timeout_s=0.5))\n"
+            "except TimeoutError as error:\n"
+            "  failed = error\n"
+            "  print(f'TimeoutError: {error}', flush=True)\n"
+            "  path = replicator.Checkpointer(tempfile.mkdtemp(), "
+            "v=tf.Variable(1.0)).save(3)\n"
+            "  print('saved', path, flush=True)\n"
+            "  sys.exit(1)\n")
     start = time.time()
     procs = [subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -171,6 +182,7 @@ def test_a_worker_that_never_joins_is_named_within_the_join_timeout():
   assert procs[0].returncode != 0 and procs[1].returncode != 0, outs
   assert (f"TimeoutError: cluster: worker 0 waited 5 s (10 x AllReduceOptions.timeout_s) "
           f"and worker(s) 1 ({addresses[1]}) did not join") in outs[0], outs[0]
+  assert "saved /" in outs[0] and "ckpt-3-" in outs[0], outs[0]
   assert (f"RuntimeError: cluster: worker 1 could not start its gRPC server on "
           f"{addresses[1]}") in outs[1], outs[1]
 
