@@ -14,9 +14,9 @@ from replicator.base import Replicator
 from replicator.divergence import ReplicasDiverged
 from replicator.checkpoint import Checkpointer
 from replicator.cluster import WorkerLost
-from replicator.collectives import AllReduceOptions
-from replicator.collectives import Compression
-from replicator.collectives import ReduceOp
+from replicator.reduce_options import AllReduceOptions
+from replicator.reduce_options import Compression
+from replicator.reduce_options import ReduceOp
 from replicator.context import InputContext
 from replicator.context import InputExhausted
 from replicator.gpu import GpuReplicator

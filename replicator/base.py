@@ -13,7 +13,6 @@ import numpy as np
 import tensorflow as tf
 
 from replicator import cluster
-from replicator import collectives
 from replicator import context
 from replicator import divergence
 from replicator import input_streams
@@ -22,6 +21,7 @@ from replicator import nested_functions
 from replicator import optimizers
 from replicator import peers
 from replicator import randomness
+from replicator import reduce_options
 from replicator import replica_ops
 from replicator import resume
 from replicator import step_errors
@@ -30,7 +30,7 @@ from replicator import steps as steps_lib
 from replicator import variables
 from replicator.mesh import Mesh
 
-ReduceOp = collectives.ReduceOp
+ReduceOp = reduce_options.ReduceOp
 
 
 class Replicator:
@@ -46,8 +46,8 @@ class Replicator:
 
   def __init__(self, mesh: Mesh, *, placement: Optional[Sequence[str]] = None,
                jit_compile: bool = False,
-               all_reduce: Optional[collectives.AllReduceOptions] = None):
-    all_reduce = collectives.check_options(all_reduce)
+               all_reduce: Optional[reduce_options.AllReduceOptions] = None):
+    all_reduce = reduce_options.check_options(all_reduce)
     self._mesh = mesh
     self._workers = None
     self._peers = None
@@ -140,7 +140,7 @@ class Replicator:
     `options` (an `AllReduceOptions`) overrides the replicator's for this call,
     e.g. to compress one large reduction.
     """
-    options = self._all_reduce if options is None else collectives.check_options(options)
+    options = self._all_reduce if options is None else reduce_options.check_options(options)
     return replica_ops.all_reduce(value, op, options, method)
 
   def all_sum(self, value):

@@ -7,8 +7,8 @@ import tensorflow as tf
 
 from replicator import base
 from replicator import cluster as cluster_lib
-from replicator import collectives
 from replicator import mesh as mesh_lib
+from replicator import reduce_options
 from replicator import testing
 from replicator.mesh import Mesh
 
@@ -69,7 +69,7 @@ class MultiGpuReplicator(base.Replicator):
   """
 
   def __init__(self, devices: Optional[Sequence[str]] = None, cluster=None,
-               all_reduce: Optional[collectives.AllReduceOptions] = None):
+               all_reduce: Optional[reduce_options.AllReduceOptions] = None):
     logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)  # set by replicator.launch
     if logical_cpus and not tf.config.list_physical_devices("GPU"):
       testing.configure_logical_cpus(int(logical_cpus))

@@ -25,9 +25,9 @@ import sys
 
 import tensorflow as tf
 
-from replicator import collectives
 from replicator import context
 from replicator import randomness
+from replicator import reduce_options
 from replicator import replica_ops
 from replicator import variables
 
@@ -71,7 +71,7 @@ def _sum_over_replicas(compute_moments_sync):
         [tf.reduce_sum(x, axis=axes, keepdims=True),
          tf.reduce_sum(tf.square(x), axis=axes, keepdims=True),
          tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)],
-        collectives.ReduceOp.SUM)
+        reduce_options.ReduceOp.SUM)
     mean = tf.math.divide_no_nan(total, count)
     variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
     if not keepdims:

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from replicator import context
 from replicator import replica_ops
-from replicator.collectives import ReduceOp
+from replicator.reduce_options import ReduceOp
 
 
 class CrossReplicaBatchNorm(snt.BatchNorm):

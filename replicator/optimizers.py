@@ -7,8 +7,8 @@ import keras
 import sonnet as snt
 import tensorflow as tf
 
-from replicator import collectives
 from replicator import context
+from replicator import reduce_options
 from replicator import replica_ops
 
 
@@ -95,13 +95,13 @@ class ReplicatedOptimizer(tf.Module):
   """
 
   def __init__(self, optimizer, *, clip_global_norm: Optional[float] = None,
-               gradient_reduction=collectives.ReduceOp.MEAN,
+               gradient_reduction=reduce_options.ReduceOp.MEAN,
                accumulate_steps: int = 1,
-               all_reduce: Optional[collectives.AllReduceOptions] = None):
+               all_reduce: Optional[reduce_options.AllReduceOptions] = None):
     super().__init__(name="replicated_optimizer")
     self._kind = _kind(optimizer)
-    if gradient_reduction not in (collectives.ReduceOp.MEAN,
-                                  collectives.ReduceOp.SUM):
+    if gradient_reduction not in (reduce_options.ReduceOp.MEAN,
+                                  reduce_options.ReduceOp.SUM):
       raise ValueError(
           f"gradient_reduction: expected replicator.ReduceOp.MEAN (loss is a "
           f"per-replica mean) or replicator.ReduceOp.SUM (loss already divided "
@@ -114,8 +114,8 @@ class ReplicatedOptimizer(tf.Module):
     if not isinstance(accumulate_steps, int) or accumulate_steps < 1:
       raise ValueError(
           f"accumulate_steps: expected an int >= 1, got {accumulate_steps!r}.")
-    all_reduce = collectives.check_options(all_reduce)
-    if all_reduce.compression is collectives.Compression.FP16:
+    all_reduce = reduce_options.check_options(all_reduce)
+    if all_reduce.compression is reduce_options.Compression.FP16:
       _warn_fp16_gradients()
     self._base = optimizer
     self._clip_global_norm = clip_global_norm

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from replicator import collectives
 from replicator import context
+from replicator import reduce_options
 
 
 def current_replica(method: str) -> context.ReplicaContext:
@@ -59,7 +60,7 @@ def _collective(method, value, merge_fn, grad_fn, single_fn=lambda flat: flat):
       summed = replica.collective(
           f"the gradient of {name}", [upstream[i] for i in floats],
           lambda values: collectives.all_reduce(
-              values, collectives.ReduceOp.SUM, replica.group.devices,
+              values, reduce_options.ReduceOp.SUM, replica.group.devices,
               num_replicas=replica.group.num_replicas, workers=replica.group.workers))
       grads = [None] * len(inputs)
       float_grads = grad_fn([inputs[i] for i in floats],
@@ -80,26 +81,26 @@ def replica_id() -> tf.Tensor:
   return tf.constant(replica.replica_id, tf.int32)
 
 
-def all_reduce(value, op=collectives.ReduceOp.SUM,
-               options: collectives.AllReduceOptions = collectives.AllReduceOptions(),
+def all_reduce(value, op=reduce_options.ReduceOp.SUM,
+               options: reduce_options.AllReduceOptions = reduce_options.AllReduceOptions(),
                method: str = "all_reduce"):
-  op = collectives.check_reduce_op(op)
+  op = reduce_options.check_reduce_op(op)
 
   def single(flat):  # one replica: the identity, after N replicas' checks
-    collectives.check_reducible(flat, op, method)
+    reduce_options.check_reducible(flat, op, method)
     return flat
 
   def merge(values, group):
-    collectives.check_reducible(values[0], op, method)
-    collectives.check_same_shapes(values, method, group.first_replica_id)
+    reduce_options.check_reducible(values[0], op, method)
+    reduce_options.check_same_shapes(values, method, group.first_replica_id)
     return collectives.all_reduce(values, op, group.devices, options,
                                   num_replicas=group.num_replicas,
                                   workers=group.workers)
 
   def grad(xs, ys, summed_dys, replica):
-    if op is collectives.ReduceOp.SUM:
+    if op is reduce_options.ReduceOp.SUM:
       return summed_dys
-    if op is collectives.ReduceOp.MEAN:
+    if op is reduce_options.ReduceOp.MEAN:
       n = replica.group.num_replicas
       return [dy / tf.cast(n, dy.dtype) for dy in summed_dys]
     # As tf.reduce_max's gradient: the replicas that tie for the extreme
@@ -108,7 +109,7 @@ def all_reduce(value, op=collectives.ReduceOp.SUM,
     counts = replica.collective(
         f"the tie count of {method}", ties,
         lambda values: collectives.all_reduce(
-            values, collectives.ReduceOp.SUM, replica.group.devices,
+            values, reduce_options.ReduceOp.SUM, replica.group.devices,
             num_replicas=replica.group.num_replicas, workers=replica.group.workers))
     return [tie * dy / tf.maximum(count, 1) for tie, dy, count
             in zip(ties, summed_dys, counts)]

@@ -21,6 +21,7 @@ from tensorflow.python.trackable import base as trackable
 
 from replicator import collectives
 from replicator import context
+from replicator import reduce_options
 
 _Aggregation = tf.VariableAggregation
 _ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
@@ -73,10 +74,10 @@ def replica_local():
 
 def _reduce_op(aggregation, dtype):
   if aggregation == _Aggregation.SUM:
-    return collectives.ReduceOp.SUM
+    return reduce_options.ReduceOp.SUM
   if aggregation == _Aggregation.ONLY_FIRST_REPLICA or not dtype.is_floating:
     return None  # broadcast from the first replica
-  return collectives.ReduceOp.MEAN
+  return reduce_options.ReduceOp.MEAN
 
 
 class ReplicatedVariable(tf.Variable):
@@ -92,7 +93,7 @@ class ReplicatedVariable(tf.Variable):
     # A metric's accumulator (Keras: SUM, ON_READ) is written as
     # `assign(total + x)`: summing the assigned values would count the old
     # total once per replica, so the replicas' changes are summed instead.
-    self._sums_changes = (self._reduce_op is collectives.ReduceOp.SUM and
+    self._sums_changes = (self._reduce_op is reduce_options.ReduceOp.SUM and
                           primary.synchronization == tf.VariableSynchronization.ON_READ)
     _components[id(primary)] = primary
     _copy_index[id(primary)] = 0
@@ -317,7 +318,7 @@ class ReplicatedVariable(tf.Variable):
         f"a {method} of variable {self.name}",
         [tf.convert_to_tensor(indices), tf.convert_to_tensor(values, self.dtype)],
         merge)
-    if self._reduce_op is collectives.ReduceOp.MEAN and method in _ADDITIVE:
+    if self._reduce_op is reduce_options.ReduceOp.MEAN and method in _ADDITIVE:
       values = values / tf.cast(group.num_replicas, values.dtype)
     return indices, values
 

@@ -1,7 +1,6 @@
 """N replicas with global batch B train like one device on the same batches."""
 
 import keras
-import numpy as np
 import pytest
 import sonnet as snt
 import tensorflow as tf

@@ -8,7 +8,6 @@ import sonnet as snt
 import tensorflow as tf
 
 import catalogue
-import replicator
 
 
 def _called_in_step_fn(step_fn):
@@ -177,7 +176,7 @@ def test_a_decorated_train_step_method_trains_as_on_one_replica(name):
     repl = catalogue.make(replicator_name)
     with repl.context():
       trainer = Trainer(repl)
-    out = repl.run(trainer.train_step, catalogue.input_fn_for(x, y, 32), steps=3)
+    repl.run(trainer.train_step, catalogue.input_fn_for(x, y, 32), steps=3)
     repl.assert_replicas_in_sync(trainer.model.variables)
     results.append([v.numpy() for v in trainer.model.variables])
   for a, b in zip(results[1], results[0]):

@@ -17,8 +17,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # pylint: disable=g-import-not-at-top
-import tensorflow as tf
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import replicator
 
