@@ -27,7 +27,7 @@ from replicator import resume
 from replicator import step_errors
 from replicator import step_fetch
 from replicator import steps as steps_lib
-from replicator import variables
+from replicator import variable_creation
 from replicator.mesh import Mesh
 
 ReduceOp = reduce_options.ReduceOp
@@ -66,7 +66,7 @@ class Replicator:
     Replicator.live.add(self)
     self._jit_compile = jit_compile
     self._all_reduce = all_reduce
-    self._factory = variables.VariableFactory(self._placement)
+    self._factory = variable_creation.VariableFactory(self._placement)
     self._inputs = input_streams.InputStreams(mesh)
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False

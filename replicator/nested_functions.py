@@ -25,7 +25,7 @@ from tensorflow.python.eager.polymorphic_function import concrete_function
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 from replicator import context
-from replicator import variables
+from replicator import variable_registry
 
 _Function = polymorphic_function.Function
 _original_call = _Function.__call__
@@ -63,7 +63,7 @@ def _call_concrete(function, *args, **kwargs):
   replica = context.current()
   if replica is not None:
     for variable in function.variables:
-      index = variables.copy_index(variable)
+      index = variable_registry.copy_index(variable)
       if index is not None and index != replica.index:
         name = function.name
         name = name.decode() if isinstance(name, bytes) else name

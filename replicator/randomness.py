@@ -16,6 +16,7 @@ from tensorflow.python.ops import gen_stateless_random_ops_v2
 from tensorflow.python.ops import stateful_random_ops
 
 from replicator import context
+from replicator import variable_registry
 from replicator import variables
 
 _GOLDEN = 0x9E3779B1
@@ -84,7 +85,7 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
       raise TypeError(f"seed: expected an int, got {seed!r}.")
     self._replica_ids = tuple(replica_ids)
     self._num_replicas = num_replicas
-    with variables.replica_local():
+    with variable_registry.replica_local():
       root = tf.random.Generator.from_seed(seed)
       splits = root.split(num_replicas) if num_replicas > 1 else [root]
       self._initial_states = np.stack([s.state.numpy() for s in splits])
@@ -134,7 +135,7 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
         "state of replica 0 (reproducible, but not the saved streams).",
         saved_replicas, self._num_replicas,
         " with another seed" if saved_replicas == self._num_replicas else "")
-    with variables.replica_local():
+    with variable_registry.replica_local():
       root = tf.random.Generator.from_state(saved[0], self._generators[0].algorithm)
       splits = root.split(self._num_replicas) if self._num_replicas > 1 else [root]
       return [splits[r].state.numpy() for r in self._replica_ids]

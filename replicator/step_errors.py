@@ -12,6 +12,7 @@ import re
 import tensorflow as tf
 
 from replicator import collectives
+from replicator import variable_registry
 from replicator import variables
 
 # "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal.
@@ -148,7 +149,7 @@ def check_writes(graph, num_devices: int):
   """
   if num_devices < 2:
     return
-  known = variables.component_handles()
+  known = variable_registry.component_handles()
   foreign = {internal.name for external, internal in graph.captures
              if external.dtype == tf.resource and id(external) not in known}
   for op in graph.get_operations() if foreign else ():
@@ -165,7 +166,7 @@ def check_variables(graph, num_devices: int):
     return
   for variable in graph._watched_variables:  # pylint: disable=protected-access
     # (a function loaded from a SavedModel watches the ReplicatedVariable itself)
-    if not (variables.is_component(variable) or
+    if not (variable_registry.is_component(variable) or
             isinstance(variable, variables.ReplicatedVariable)):
       generator = ("" if "StateVar" not in variable.name else
                    " If it is a tf.random.Generator's state (such as "

@@ -22,7 +22,7 @@ from replicator import context
 from replicator import step_args
 from replicator import step_errors
 from replicator import step_fetch
-from replicator import variables
+from replicator import variable_creation
 
 # AutoGraph converts step_fn and what it calls; the library's own code is plain
 # Python that must run as written (as TensorFlow's, Keras's and Sonnet's do).
@@ -74,7 +74,7 @@ class CompiledStep:
 
   def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
                first_replica_id: int, num_replicas: int,
-               factory: variables.VariableFactory, jit_compile: bool,
+               factory: variable_creation.VariableFactory, jit_compile: bool,
                workers=None, on_variables_created: Callable[[], None] = None,
                uneven_batches: bool = False):
     self._step_fn = step_fn
@@ -155,7 +155,7 @@ class CompiledStep:
           with self._factory.scope():
             yield
         else:
-          with variables.no_creation("after its first run"):
+          with variable_creation.no_creation("after its first run"):
             yield
     return scope
 

@@ -8,10 +8,7 @@ values, except on an ON_READ variable (a metric's accumulator), where it sums
 the changes. Outside a step, reads see copy 0 and writes go to every copy.
 """
 
-import contextlib
-import threading
-import weakref
-from typing import Callable, List, Sequence
+from typing import List, Sequence
 
 import tensorflow as tf
 from tensorflow.python.eager import record
@@ -22,54 +19,10 @@ from tensorflow.python.trackable import base as trackable
 from replicator import collectives
 from replicator import context
 from replicator import reduce_options
+from replicator import variable_registry
 
 _Aggregation = tf.VariableAggregation
 _ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
-
-# Every per-replica copy made here; a step may only touch variables in it.
-_components = weakref.WeakValueDictionary()
-
-
-_local = threading.local()
-
-
-def is_component(variable) -> bool:
-  return _components.get(id(variable)) is variable
-
-
-def component_handles() -> set:
-  """The `id`s of the resource handles of every copy and replica-local variable."""
-  return {id(variable.handle) for variable in list(_components.values())}
-
-
-# id -> local replica index of each copy of a ReplicatedVariable.
-_copy_index = {}
-
-
-def copy_index(variable):
-  """The local replica a copy of a `ReplicatedVariable` belongs to (else None)."""
-  return _copy_index.get(id(variable)) if is_component(variable) else None
-
-
-@contextlib.contextmanager
-def replica_local():
-  """Variables created inside are per-replica state, never synchronized.
-
-  Used for random generator states, which must differ between replicas.
-  """
-
-  def register(next_creator, **kwargs):
-    variable = next_creator(**kwargs)
-    _components[id(variable)] = variable
-    return variable
-
-  previous = getattr(_local, "replica_local", False)
-  _local.replica_local = True
-  try:
-    with tf.variable_creator_scope(register):
-      yield
-  finally:
-    _local.replica_local = previous
 
 
 def _reduce_op(aggregation, dtype):
@@ -95,8 +48,7 @@ class ReplicatedVariable(tf.Variable):
     # total once per replica, so the replicas' changes are summed instead.
     self._sums_changes = (self._reduce_op is reduce_options.ReduceOp.SUM and
                           primary.synchronization == tf.VariableSynchronization.ON_READ)
-    _components[id(primary)] = primary
-    _copy_index[id(primary)] = 0
+    variable_registry.register_copy(primary, 0)
 
   def _materialize(self):
     """Creates the copies of replicas 1.. from the (initialized) primary."""
@@ -118,8 +70,7 @@ class ReplicatedVariable(tf.Variable):
             copy = resource_variable_ops.ResourceVariable(
                 value, trainable=primary.trainable, dtype=primary.dtype,
                 shape=primary.shape, name=name)
-        _components[id(copy)] = copy
-        _copy_index[id(copy)] = len(self._vars)
+        variable_registry.register_copy(copy, len(self._vars))
         self._vars.append(copy)
 
   def _should_act_as_resource_variable(self):
@@ -399,57 +350,3 @@ class _CopySpec(resource_variable_ops.VariableSpec):
 
 def _copy(value):
   return value._current if isinstance(value, ReplicatedVariable) else value  # pylint: disable=protected-access
-
-
-class VariableFactory:
-  """Creates `ReplicatedVariable`s for variables made under `scope()`."""
-
-  def __init__(self, devices: Sequence[str]):
-    self._devices = tuple(devices)
-    self._pending: List[ReplicatedVariable] = []
-    self.created: List[ReplicatedVariable] = []  # in creation order
-
-  def _create(self, next_creator: Callable, **kwargs) -> ReplicatedVariable:
-    if getattr(_local, "replica_local", False) or getattr(_local, "creating", False):
-      return next_creator(**kwargs)  # nested scopes: replicate only once
-    _local.creating = True
-    try:
-      with tf.device(self._devices[0]):
-        primary = next_creator(**kwargs)
-    finally:
-      _local.creating = False
-    variable = ReplicatedVariable(primary, self._devices,
-                                  kwargs.get("aggregation"))
-    self.created.append(variable)
-    if tf.executing_eagerly():
-      variable._materialize()  # pylint: disable=protected-access
-    else:
-      self._pending.append(variable)
-    return variable
-
-  @contextlib.contextmanager
-  def scope(self):
-    with tf.variable_creator_scope(self._create):
-      yield
-
-  def materialize_pending(self):
-    """Copies the variables created while tracing, once they are initialized."""
-    pending, self._pending = self._pending, []
-    for variable in pending:
-      variable._materialize()  # pylint: disable=protected-access
-
-
-@contextlib.contextmanager
-def no_creation(where: str):
-  """Inside, creating a variable raises an error that says why."""
-
-  def refuse(next_creator, **kwargs):
-    del next_creator
-    raise RuntimeError(
-        f"step_fn created the variable {kwargs.get('name')!r} {where}. "
-        "Variables may be created on the first run of a step, or inside "
-        "repl.context(); create it there, or make step_fn take the same path "
-        "on every call.")
-
-  with tf.variable_creator_scope(refuse):
-    yield

@@ -1,0 +1,65 @@
+"""Which variables are per-replica copies: the registry a step is checked against.
+
+A compiled step may touch only the copies of replicated variables and
+replica-local state (random generators); both are registered here when made.
+"""
+
+import contextlib
+import threading
+import weakref
+
+import tensorflow as tf
+
+# Every per-replica copy made here; a step may only touch variables in it.
+_components = weakref.WeakValueDictionary()
+# id -> local replica index of each copy of a ReplicatedVariable.
+_copy_indices = {}
+
+
+_local = threading.local()
+
+
+def in_replica_local() -> bool:
+  """Whether the calling thread is inside `replica_local()`."""
+  return getattr(_local, "replica_local", False)
+
+
+def is_component(variable) -> bool:
+  return _components.get(id(variable)) is variable
+
+
+def component_handles() -> set:
+  """The `id`s of the resource handles of every copy and replica-local variable."""
+  return {id(variable.handle) for variable in list(_components.values())}
+
+
+def register_copy(variable: tf.Variable, index: int) -> None:
+  """Records `variable` as local replica `index`'s copy of a replicated one."""
+  _components[id(variable)] = variable
+  _copy_indices[id(variable)] = index
+
+
+def copy_index(variable):
+  """The local replica a copy of a `ReplicatedVariable` belongs to (else None)."""
+  return _copy_indices.get(id(variable)) if is_component(variable) else None
+
+
+@contextlib.contextmanager
+def replica_local():
+  """Variables created inside are per-replica state, never synchronized.
+
+  Used for random generator states, which must differ between replicas.
+  """
+
+  def register(next_creator, **kwargs):
+    variable = next_creator(**kwargs)
+    _components[id(variable)] = variable
+    return variable
+
+  previous = in_replica_local()
+  _local.replica_local = True
+  try:
+    with tf.variable_creator_scope(register):
+      yield
+  finally:
+    _local.replica_local = previous
