@@ -223,7 +223,7 @@ class Replicator:
     if completed < steps:
       if int(status) == step_fetch.STEPS_DIFFER:
         raise ValueError(
-            f"steps: this worker called run({getattr(step_fn, '__name__', step_fn)}, "
+            f"steps: this worker called run({context.name_of(step_fn)}, "
             f"steps={steps}) and another worker asked for a different number of "
             "steps, so no step ran. Every worker must call run with the same "
             "step_fn, input_fn and steps, in the same order.")
@@ -232,8 +232,8 @@ class Replicator:
         logging.warning(
             "replicator: run(%s, %s) stopped after %d step(s): the next step's "
             "batches were not all the same size on every replica. %s",
-            getattr(step_fn, "__name__", step_fn),
-            getattr(input_fn, "__name__", input_fn), completed,
+            context.name_of(step_fn),
+            context.name_of(input_fn), completed,
             context.UNEVEN_BATCHES_FIX)
       raise context.InputExhausted(completed, outputs if completed else None,
                                    uneven_batches=uneven)

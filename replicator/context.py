@@ -260,6 +260,11 @@ class InputContext:
     return global_batch_size // self.num_replicas_in_sync
 
 
+def name_of(fn):
+  """How errors name a user's function (its repr when it has no `__name__`)."""
+  return getattr(fn, "__name__", fn)
+
+
 UNEVEN_BATCHES_FIX = (
     "A step runs only when every replica's batch is the same size (the mean "
     "over replicas weights each alike). A dataset batched without "

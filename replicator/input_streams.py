@@ -32,7 +32,7 @@ def warn_if_new_each_call(step_fn, input_fn, compiled):
         "loop) is a new input that starts from its first batch, and compiles "
         "the step again. Define input_fn once, outside the loop, unless you "
         "mean to restart the data (reset_input does that).",
-        getattr(step_fn, "__name__", step_fn))
+        context.name_of(step_fn))
 
 
 class InputStreams:
@@ -99,7 +99,7 @@ class InputStreams:
     dataset = input_fn(ctx)
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
-          f"input_fn: {getattr(input_fn, '__name__', input_fn)} returned "
+          f"input_fn: {context.name_of(input_fn)} returned "
           f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
     check_dataset(dataset, input_fn)

@@ -10,6 +10,8 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from replicator import context
+
 
 class _ByReference:
   """A variable in `args`, passed to the compiled step as a Python object.
@@ -86,4 +88,4 @@ class PythonNumbers:
         "last call (%s -> %s). A Python number is compiled into the step, so each "
         "new value compiles it again (seconds each time); pass values that change "
         "from call to call as tensors, e.g. args=(tf.constant(lr),).",
-        getattr(self._step_fn, "__name__", self._step_fn), previous, numbers)
+        context.name_of(self._step_fn), previous, numbers)

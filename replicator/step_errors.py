@@ -12,6 +12,7 @@ import re
 import tensorflow as tf
 
 from replicator import collectives
+from replicator import context
 from replicator import variable_registry
 from replicator import variables
 
@@ -29,7 +30,7 @@ def xla_unsupported(error: tf.errors.OpError, step_fn, compiled_by: str):
   ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
   if not ops:
     return None
-  name = getattr(step_fn, "__name__", step_fn)
+  name = context.name_of(step_fn)
   if _PRINT_OPS.intersection(ops):
     fix = ("tf.print cannot run inside the compiled step: return the values "
            "from step_fn and print what run returns (one row per replica)")
@@ -49,7 +50,7 @@ def check_outputs(outputs, step_fn):
     if isinstance(leaf, tf.Variable):
       return tf.convert_to_tensor(leaf)
     raise TypeError(
-        f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned "
+        f"step_fn: {context.name_of(step_fn)} returned "
         f"{type(leaf).__name__} {leaf!r} in {outputs!r}; return tensors (wrap "
         "Python numbers with tf.constant, or leave them out).")
   return tf.nest.map_structure(check, outputs)
@@ -63,7 +64,7 @@ def different_output_shapes(step_fn, shapes=None) -> str:
   """The error for replicas whose outputs differ in shape."""
   found = f" ({', '.join(str(s) for s in shapes)})" if shapes else ""
   return (
-      f"step_fn: {getattr(step_fn, '__name__', step_fn)} returned an output "
+      f"step_fn: {context.name_of(step_fn)} returned an output "
       f"whose shape differs from replica to replica{found}; run stacks each "
       "output over the replicas, so it must have one shape on all of them. "
       "Reduce it inside the step (repl.all_sum, a mean), or pad it to a fixed "
@@ -88,7 +89,7 @@ def stack_over_replicas(values, step_fn):
 def data_dependent_initializer(error, step_fn) -> ValueError:
   """The error for a variable that step_fn initializes from the step's input."""
   return ValueError(
-      f"step_fn: {getattr(step_fn, '__name__', step_fn)} "
+      f"step_fn: {context.name_of(step_fn)} "
       "creates a variable whose initial value depends on the step's input "
       "(data-dependent initialization, as in ActNorm); variables made in "
       "the step are initialized before any batch arrives. Create it before "
@@ -117,7 +118,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
   if fewest != most:
     workers.issued = issued_before + most
     raise ProgramsDiffer(
-        f"step_fn: {getattr(step_fn, '__name__', step_fn)} traced "
+        f"step_fn: {context.name_of(step_fn)} traced "
         f"{traced} cross-worker collective(s) on worker "
         f"{workers.worker_index} and from {fewest} to {most} on the "
         "workers, so they would wait for each other forever. Every worker must "
