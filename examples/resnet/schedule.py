@@ -46,6 +46,16 @@ class LearningRateSchedule:
   def __post_init__(self):
     if self.decay not in ("cosine", "step"):
       raise ValueError(f"decay must be 'cosine' or 'step', got {self.decay!r}")
+    # Zero or negative sizes give a schedule of no steps, or of negative rates.
+    for name in ("global_batch_size", "steps_per_epoch", "total_epochs"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}.")
+    if not self.warmup_epochs >= 0:
+      raise ValueError(f"warmup_epochs must be 0 (no warm-up) or more, got "
+                       f"{self.warmup_epochs!r}.")
+    if self.total_steps < 1:
+      raise ValueError(f"total_epochs ({self.total_epochs}) x steps_per_epoch "
+                       f"({self.steps_per_epoch}) rounds to no step; train longer.")
     if self.warmup_epochs >= self.total_epochs:
       raise ValueError(f"warmup_epochs ({self.warmup_epochs}) must be shorter than "
                        f"total_epochs ({self.total_epochs})")

@@ -73,3 +73,18 @@ def test_no_warmup_and_errors():
     schedule_lib.LearningRateSchedule(0.1, 256, 10, 2, decay="linear")
   with pytest.raises(ValueError, match="warmup_epochs"):
     schedule_lib.LearningRateSchedule(0.1, 256, 10, 2, warmup_epochs=3)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("global_batch_size", 0, "global_batch_size must be positive, got 0"),
+    ("steps_per_epoch", 0, "steps_per_epoch must be positive, got 0"),
+    ("total_epochs", -1, "total_epochs must be positive, got -1"),
+    ("warmup_epochs", -0.5, "warmup_epochs must be 0 .* or more, got -0.5"),
+    ("total_epochs", 0.01, r"total_epochs \(0.01\) x steps_per_epoch \(10\) rounds to no"),
+])
+def test_sizes_that_make_no_schedule_raise(field, value, message):
+  """Each made a schedule of no steps or of negative rates without a word."""
+  args = dict(base_learning_rate=0.1, global_batch_size=256, steps_per_epoch=10,
+              total_epochs=2, warmup_epochs=0)
+  with pytest.raises(ValueError, match=message):
+    schedule_lib.LearningRateSchedule(**{**args, field: value})
