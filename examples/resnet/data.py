@@ -1,14 +1,16 @@
 """Input pipelines: ImageNet (TFDS, TFRecords, image folder), Fashion-MNIST, synthetic.
 
 `make_input_fn` returns the `input_fn(ctx)` that `replicator` calls once per worker;
-each worker reads its own `1 / ctx.num_input_pipelines` of the data (whole files where
-there are enough of them, else every n-th example) and batches per replica.
+each worker reads its own `1 / ctx.num_input_pipelines` of the data and batches per
+replica. Training splits whole files between workers where there are enough of them
+(else every n-th example); evaluation always takes every n-th example, so that the
+workers' shares differ by at most one image (see `_padded_eval`).
 
 Training elements are `(images, labels)`. Evaluation elements are
 `(images, labels, weights)` from `replicator.pad_to_global_batch`: the last step is
 padded with zero-weight examples so that every replica gets a batch and no test image
-is dropped; with several workers every worker runs ceil(eval examples / global batch)
-steps.
+is dropped. The sum of the weights over all workers is the number of images
+evaluated; `train.py` checks it against the declared size of the evaluation set.
 """
 
 import dataclasses
@@ -54,10 +56,29 @@ def read_idx(path: str) -> np.ndarray:
   return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
+def _require_dir(data_dir: Optional[str], dataset: str, expected: str) -> str:
+  """`data_dir`, or an error saying what --data_dir should hold."""
+  if not data_dir:
+    raise ValueError(f"--data_dir: --dataset={dataset} needs {expected}, got "
+                     f"{data_dir!r}; pass --data_dir=/path/to/it.")
+  if not tf.io.gfile.isdir(data_dir):
+    raise ValueError(f"--data_dir: {data_dir!r} is not a directory; --dataset={dataset} "
+                     f"needs {expected}.")
+  return data_dir
+
+
 def load_fashion_mnist(data_dir: str, is_training: bool):
   prefix = "train" if is_training else "t10k"
-  images = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"))
-  labels = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"))
+  paths = [os.path.join(data_dir, f"{prefix}-{kind}-idx{ndim}-ubyte.gz")
+           for kind, ndim in (("images", 3), ("labels", 1))]
+  missing = [p for p in paths if not tf.io.gfile.exists(p)]
+  if missing:
+    raise ValueError(
+        f"--data_dir: --dataset=fashion_mnist found no {', '.join(missing)}; pass the "
+        "directory of the gzipped IDX files (train-images-idx3-ubyte.gz, ..., "
+        f"t10k-labels-idx1-ubyte.gz), or install them under {FASHION_MNIST_DIR} "
+        "(apt-get install dataset-fashion-mnist).")
+  images, labels = read_idx(paths[0]), read_idx(paths[1])
   return images[..., None], labels.astype(np.int32)
 
 
@@ -68,12 +89,15 @@ def _shard(ds: tf.data.Dataset, ctx) -> tf.data.Dataset:
 
 
 def _files_dataset(files, ctx, is_training):
-  """Whole files per worker when there are enough of them, else examples (later)."""
+  """Whole files per worker when training on enough of them, else examples (later).
+
+  Evaluation always splits by example: whole files would give a worker as many
+  as ceil(files / workers) files, more than its fixed number of steps can hold
+  (128 ImageNet validation files on 6 workers lost 292 images).
+  """
   files = sorted(files)
-  if not files:
-    raise ValueError("no input files found")
   ds = tf.data.Dataset.from_tensor_slices(files)
-  per_file = len(files) >= ctx.num_input_pipelines
+  per_file = is_training and len(files) >= ctx.num_input_pipelines
   if per_file:
     ds = _shard(ds, ctx)
     if is_training:  # Not before sharding by example: every worker needs one order.
@@ -81,11 +105,24 @@ def _files_dataset(files, ctx, is_training):
   return ds, per_file
 
 
-def tfrecord_source(data_dir: str, is_training: bool, ctx) -> tf.data.Dataset:
-  """ImageNet TFRecord shards (`train-*`, `validation-*`), labels 1..1000 -> 0..999."""
+def tfrecord_source(data_dir: str, is_training: bool, ctx,
+                    num_classes: Optional[int] = None) -> tf.data.Dataset:
+  """ImageNet TFRecord shards (`train-*`, `validation-*`), labels 1..1000 -> 0..999.
+
+  With `num_classes`, a label outside 0..num_classes-1 stops the input with an
+  error (a one-hot target of such a label would be all zeros, silently).
+  """
+  expected = "the ImageNet TFRecord shards (train-*, validation-*)"
+  data_dir = _require_dir(data_dir, "imagenet_tfrecord", expected)
   pattern = os.path.join(data_dir, "train-*" if is_training else "validation-*")
-  files, per_file = _files_dataset(tf.io.gfile.glob(pattern), ctx, is_training)
-  # Sharding by example needs the same order on every worker.
+  matched = tf.io.gfile.glob(pattern)
+  if not matched:
+    raise ValueError(f"--data_dir: no file matches {pattern}; --dataset=imagenet_tfrecord "
+                     f"needs {expected} directly under --data_dir.")
+  files, per_file = _files_dataset(matched, ctx, is_training)
+  # Sharding by example needs the same order on every worker. It shards the
+  # serialized records, before parsing and decoding: each worker reads every file
+  # but decodes only its own images.
   ds = files.interleave(tf.data.TFRecordDataset, cycle_length=16,
                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=not per_file)
   if not per_file:
@@ -95,15 +132,49 @@ def tfrecord_source(data_dir: str, is_training: bool, ctx) -> tf.data.Dataset:
 
   def parse(record):
     example = tf.io.parse_single_example(record, features)
-    return example["image/encoded"], tf.cast(example["image/class/label"] - 1, tf.int32)
+    label = tf.cast(example["image/class/label"] - 1, tf.int32)
+    if num_classes is not None:
+      check = tf.debugging.Assert(
+          tf.logical_and(label >= 0, label < num_classes),
+          [f"--num_classes: a TFRecord label (1-based, as in the ImageNet shards) is "
+           f"outside 1..{num_classes}; pass the number of classes of --data_dir's "
+           "shards. Label (0-based):", label])
+      with tf.control_dependencies([check]):
+        label = tf.identity(label)
+    return example["image/encoded"], label
   return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _subdirectories(directory: str):
+  """Visible subdirectories: `.ipynb_checkpoints`, `.git` or a NAS's `@eaDir` are no class."""
+  names = (name.rstrip("/") for name in tf.io.gfile.listdir(directory))
+  return sorted(name for name in names if not name.startswith((".", "@"))
+                and tf.io.gfile.isdir(os.path.join(directory, name)))
 
 
 # tf.io.gfile rather than os: the data may live in Cloud Storage (gs://), as on TPUs.
 def image_folder_classes(data_dir: str):
-  train_dir = os.path.join(data_dir, "train")
-  return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(train_dir)
-                if tf.io.gfile.isdir(os.path.join(train_dir, name)))
+  """The class names, from train/; validation/ must have the same class folders."""
+  expected = "train/<class>/<image> and validation/<class>/<image>"
+  data_dir = _require_dir(data_dir, "image_folder", expected)
+  split_dirs = [os.path.join(data_dir, split) for split in ("train", "validation")]
+  for split_dir in split_dirs:
+    if not tf.io.gfile.isdir(split_dir):
+      raise ValueError(f"--data_dir: {split_dir} is not a directory; --dataset="
+                       f"image_folder needs {expected} under --data_dir.")
+  classes, eval_classes = (_subdirectories(d) for d in split_dirs)
+  if classes != eval_classes:
+    # Labels come from train/'s folders: a mismatch would mislabel or drop images.
+    raise ValueError(
+        f"--data_dir: {data_dir}'s train/ and validation/ must hold the same class "
+        f"folders (labels are their sorted order); only in train/: "
+        f"{sorted(set(classes) - set(eval_classes))[:10]}, only in validation/: "
+        f"{sorted(set(eval_classes) - set(classes))[:10]}. Add the missing (empty) "
+        "folders or remove the extra ones.")
+  if not classes:
+    raise ValueError(f"--data_dir: no class folder in {split_dirs[0]}; --dataset="
+                     f"image_folder needs {expected}.")
+  return classes
 
 
 def _image_files(directory: str):
@@ -121,7 +192,8 @@ def image_folder_source(data_dir: str, is_training: bool, ctx) -> tf.data.Datase
       paths.append(os.path.join(split_dir, name, file_name))
       labels.append(label)
   if not paths:
-    raise ValueError(f"no images under {split_dir}")
+    raise ValueError(f"--data_dir: no image ({', '.join(_IMAGE_EXTENSIONS[:3])}) in the "
+                     f"class folders of {split_dir}.")
   ds = _shard(tf.data.Dataset.from_tensor_slices((paths, np.int32(labels))), ctx)
   if is_training:
     ds = ds.shuffle(len(paths), reshuffle_each_iteration=True)
@@ -129,14 +201,28 @@ def image_folder_source(data_dir: str, is_training: bool, ctx) -> tf.data.Datase
                 num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def tfds_source(data_dir: Optional[str], is_training: bool, ctx,
-                manual_dir: Optional[str] = None, name: str = "imagenet2012"):
-  """TFDS `imagenet2012`, prepared from the manually downloaded archives in manual_dir."""
+def tfds_builder(data_dir: Optional[str], manual_dir: Optional[str] = None,
+                 name: str = "imagenet2012"):
+  """The prepared TFDS builder, prepared first from the archives in manual_dir if given."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   builder = tfds.builder(name, data_dir=data_dir)
   if manual_dir:
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  elif not builder.is_prepared():
+    raise ValueError(
+        f"--data_dir: TFDS {name} is not prepared under {builder.data_dir} (--data_dir="
+        f"{data_dir!r}); point --data_dir at the TFDS data_dir that holds it, or pass "
+        "--tfds_manual_dir with ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar "
+        "to prepare it there.")
+  return builder
+
+
+def tfds_source(data_dir: Optional[str], is_training: bool, ctx,
+                manual_dir: Optional[str] = None, name: str = "imagenet2012"):
+  """TFDS `imagenet2012`, prepared from the manually downloaded archives in manual_dir."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds_builder(data_dir, manual_dir, name)
   split = "train" if is_training else "validation"
   if ctx.num_input_pipelines > 1:
     split = tfds.even_splits(split, n=ctx.num_input_pipelines)[ctx.input_pipeline_id]
@@ -223,18 +309,35 @@ def _random_flip_batch(images):
 
 
 def _padded_eval(ds, ctx, global_batch_size, num_examples):
-  """`(images, labels, weights)` batches, padding weighted 0 (`pad_to_global_batch`)."""
+  """`(images, labels, weights)` batches, padding weighted 0 (`pad_to_global_batch`).
+
+  `ds` is this worker's share of `num_examples` examples dealt one by one, so the
+  shares differ by at most one. Several workers must run one number of steps,
+  fixed in advance: room for num_examples + 1 examples. Every share fits, and if
+  `num_examples` understates the data, the images over a worker's room are not
+  seen but the weights then sum to more than `num_examples` (each worker fills its
+  room, over num_examples + 1 in all), so the count that `train.py` checks cannot
+  come out right by chance. It costs one all-padding step when the global batch
+  divides `num_examples`.
+  """
   if ctx.num_input_pipelines == 1:
-    num_examples = None  # one pipeline runs until its own data ends
-  padded = replicator.pad_to_global_batch(ds, ctx, global_batch_size, num_examples)
+    steps_for = None  # one pipeline runs until its own data ends
+  else:
+    steps_for = num_examples + 1
+  padded = replicator.pad_to_global_batch(ds, ctx, global_batch_size, steps_for)
   return padded.map(lambda batch, mask: (*batch, mask))
 
 
 def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
                   data_dir: Optional[str] = None, image_size: int = 224,
                   num_classes: int = 1000, tfds_manual_dir: Optional[str] = None,
-                  shuffle_buffer: int = 10_000) -> Callable:
-  """Returns `input_fn(ctx) -> tf.data.Dataset` of per-replica batches."""
+                  shuffle_buffer: int = 10_000,
+                  num_eval_examples: Optional[int] = None) -> Callable:
+  """Returns `input_fn(ctx) -> tf.data.Dataset` of per-replica batches.
+
+  `num_eval_examples` overrides the evaluation set's size where the data does not
+  say it (`imagenet_tfrecord`: ImageNet's 50,000); see `dataset_info`.
+  """
   if dataset not in DATASETS:
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
 
@@ -262,14 +365,15 @@ def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
     if dataset == "imagenet_tfds":
       ds = tfds_source(data_dir, is_training, ctx, manual_dir=tfds_manual_dir)
     elif dataset == "imagenet_tfrecord":
-      ds = tfrecord_source(data_dir, is_training, ctx)
+      ds = tfrecord_source(data_dir, is_training, ctx, num_classes)
     else:
       ds = image_folder_source(data_dir, is_training, ctx)
     if not is_training:
       ds = ds.map(lambda x, y: (preprocess_for_eval(x, image_size), y),
                   num_parallel_calls=tf.data.AUTOTUNE)
-      num_examples = dataset_info(dataset, data_dir, image_size,
-                                  num_classes).num_eval_examples
+      num_examples = dataset_info(dataset, data_dir, image_size, num_classes,
+                                  num_eval_examples=num_eval_examples,
+                                  tfds_manual_dir=tfds_manual_dir).num_eval_examples
       return _padded_eval(ds, ctx, global_batch_size,
                           num_examples).prefetch(tf.data.AUTOTUNE)
     ds = ds.shuffle(shuffle_buffer).repeat()
@@ -295,17 +399,44 @@ DATASETS = ("fashion_mnist", "imagenet_tfds", "imagenet_tfrecord", "image_folder
             "synthetic")
 
 
+IMAGENET_TRAIN_EXAMPLES, IMAGENET_EVAL_EXAMPLES = 1_281_167, 50_000
+
+
 def dataset_info(dataset: str, data_dir: Optional[str] = None, image_size: int = 224,
-                 num_classes: int = 1000) -> DatasetInfo:
-  """Class count, split sizes and image shape of a dataset, for the schedule and model."""
+                 num_classes: int = 1000, num_train_examples: Optional[int] = None,
+                 num_eval_examples: Optional[int] = None,
+                 tfds_manual_dir: Optional[str] = None) -> DatasetInfo:
+  """Class count, split sizes and image shape of a dataset, for the schedule and model.
+
+  Sizes come from the data where it says them (Fashion-MNIST, the image folder's
+  files, TFDS's metadata). TFRecord shards do not: they default to ImageNet's
+  (1000 classes, 1,281,167 and 50,000 images), which `num_classes`,
+  `num_train_examples` and `num_eval_examples` override (as do the synthetic
+  dataset's sizes).
+  """
+  image_shape = (image_size, image_size, 3)
+  if dataset in ("imagenet_tfrecord", "synthetic"):
+    eval_default = IMAGENET_EVAL_EXAMPLES if dataset == "imagenet_tfrecord" else 256
+    if dataset == "synthetic" and num_eval_examples not in (None, eval_default):
+      raise ValueError(f"--num_eval_examples: the synthetic evaluation set has "
+                       f"{eval_default} images, got {num_eval_examples}; leave it out.")
+    return DatasetInfo(num_classes, num_train_examples or IMAGENET_TRAIN_EXAMPLES,
+                       num_eval_examples or eval_default, image_shape)
+  given = [f"--{name}={value}" for name, value in (
+      ("num_train_examples", num_train_examples),
+      ("num_eval_examples", num_eval_examples)) if value is not None]
+  if given:
+    raise ValueError(f"{', '.join(given)}: --dataset={dataset} counts its own "
+                     "examples; leave these flags out (they are for imagenet_tfrecord "
+                     "and synthetic).")
   if dataset == "fashion_mnist":
     return DatasetInfo(10, 60_000, 10_000, (28, 28, 1))
-  if dataset == "synthetic":
-    return DatasetInfo(num_classes, 1_281_167, 256, (image_size, image_size, 3))
   if dataset == "image_folder":
     classes = image_folder_classes(data_dir)
     count = lambda split: sum(
         len(_image_files(os.path.join(data_dir, split, c))) for c in classes)
-    return DatasetInfo(len(classes), count("train"), count("validation"),
-                       (image_size, image_size, 3))
-  return DatasetInfo(1000, 1_281_167, 50_000, (image_size, image_size, 3))
+    return DatasetInfo(len(classes), count("train"), count("validation"), image_shape)
+  builder = tfds_builder(data_dir, tfds_manual_dir)
+  return DatasetInfo(builder.info.features["label"].num_classes,
+                     builder.info.splits["train"].num_examples,
+                     builder.info.splits["validation"].num_examples, image_shape)

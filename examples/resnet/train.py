@@ -15,6 +15,7 @@ TensorBoard under `--model_dir`.
 
 import os
 import time
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -44,7 +45,14 @@ def define_flags():
   flags.DEFINE_string("tfds_manual_dir", None,
                       "imagenet2012 archives for TFDS to prepare.")
   flags.DEFINE_integer("image_size", 224, "Training and evaluation crop (ImageNet).")
-  flags.DEFINE_integer("num_classes", 1000, "Classes of the synthetic dataset.")
+  flags.DEFINE_integer("num_classes", 1000, "Classes of imagenet_tfrecord (labels "
+                       "1..num_classes in the shards) and of the synthetic dataset.")
+  flags.DEFINE_integer("num_train_examples", None, "imagenet_tfrecord, synthetic: "
+                       "training images, for the epoch length (default: ImageNet's "
+                       "1,281,167).")
+  flags.DEFINE_integer("num_eval_examples", None, "imagenet_tfrecord: validation images "
+                       "(default: ImageNet's 50,000); every evaluation checks that it "
+                       "saw exactly this many.")
   # Model.
   flags.DEFINE_enum("model", "resnet50", list(models.MODELS), "Architecture.")
   flags.DEFINE_bool("cross_replica_bn", False, "Batch-norm statistics over the global "
@@ -105,6 +113,81 @@ def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None,
   if kind == "multi_gpu":
     return replicator.MultiGpuReplicator()
   return replicator.TpuReplicator(tpu=tpu)
+
+
+def check_flags(global_batch_size: int, eval_batch_size, epochs: float,
+                warmup_epochs: float, eval_every_epochs: float,
+                checkpoint_every_epochs: float, log_every_steps: int):
+  """Raises on flag values that would train wrongly or not at all, before any work."""
+  fixes = {"global_batch_size": "e.g. --global_batch_size=1024",
+           "eval_batch_size": "or leave it out to use --global_batch_size",
+           "epochs": "e.g. --epochs=90",
+           "eval_every_epochs": "e.g. --eval_every_epochs=1; to evaluate once, at the "
+                                "end, pass --eval_every_epochs equal to --epochs",
+           "checkpoint_every_epochs": "e.g. --checkpoint_every_epochs=1",
+           "log_every_steps": "e.g. --log_every_steps=100"}
+  values = dict(global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+                epochs=epochs, eval_every_epochs=eval_every_epochs,
+                checkpoint_every_epochs=checkpoint_every_epochs,
+                log_every_steps=log_every_steps)
+  for name, value in values.items():
+    # `not > 0` also rejects NaN. A zero period used to mean "every step", silently.
+    if value is not None and not value > 0:
+      raise ValueError(f"--{name}: must be positive, got {value}; {fixes[name]}.")
+  if not 0 <= warmup_epochs < epochs:
+    raise ValueError(f"--warmup_epochs: must be at least 0 and shorter than --epochs="
+                     f"{epochs}, got {warmup_epochs}; e.g. --warmup_epochs=5 (0: none).")
+
+
+def check_batches(global_batch_size: int, eval_batch_size: int, epochs: float,
+                  num_replicas: int, num_train_examples: int, dataset: str) -> int:
+  """Raises where the batches do not fit the replicas or the data; steps per epoch."""
+  for name, batch in (("global_batch_size", global_batch_size),
+                      ("eval_batch_size", eval_batch_size)):
+    if batch % num_replicas:
+      raise ValueError(
+          f"--{name}: {batch} images do not split evenly over {num_replicas} "
+          f"replicas; pass a multiple of {num_replicas}, e.g. "
+          f"--{name}={max(1, batch // num_replicas) * num_replicas}.")
+  steps_per_epoch = num_train_examples // global_batch_size
+  if steps_per_epoch == 0:
+    raise ValueError(
+        f"--global_batch_size: {global_batch_size} is more than the "
+        f"{num_train_examples} training images of --dataset={dataset}, so an epoch "
+        f"has no step; pass at most {num_train_examples}.")
+  if round(epochs * steps_per_epoch) < 1:
+    raise ValueError(
+        f"--epochs: {epochs} epochs of {steps_per_epoch} steps round to no step; pass "
+        f"at least {0.5 / steps_per_epoch:.2g}.")
+  return steps_per_epoch
+
+
+def input_context(repl) -> replicator.InputContext:
+  """The context `repl` gives this worker's `input_fn`."""
+  return replicator.InputContext(num_input_pipelines=repl.num_workers,
+                                 input_pipeline_id=repl.mesh.worker_index,
+                                 num_replicas_in_sync=repl.num_replicas)
+
+
+def check_input(repl, input_fn):
+  """Builds this worker's dataset and reads its first batch.
+
+  A missing file, a batch that does not split over the replicas or an image that
+  does not decode then stops the run at start-up, not at the first evaluation
+  (an epoch or more into training).
+  """
+  next(iter(input_fn(input_context(repl))))
+
+
+def check_eval_count(count: float, num_eval_examples: Optional[int]):
+  """Raises unless the evaluation saw every image of the declared evaluation set once."""
+  if num_eval_examples is not None and round(count) != num_eval_examples:
+    raise ValueError(
+        f"--num_eval_examples: the evaluation saw {count:.0f} images, but the "
+        f"evaluation set should have {num_eval_examples} (the flag, else the size the "
+        "dataset reports), so its accuracy is not over that set. Pass the number of "
+        "images in the validation data as --num_eval_examples (imagenet_tfrecord), "
+        "or check --data_dir.")
 
 
 def make_checkpointer(directory: str, **trackables):
@@ -210,9 +293,15 @@ class Experiment:
 
 def train(experiment: Experiment, train_input_fn, eval_input_fn, global_batch_size: int,
           steps_per_epoch: int, model_dir=None, log_every_steps: int = 100,
-          eval_every_epochs: float = 1, checkpoint_every_epochs: float = 1):
-  """Trains to the end of the schedule; returns the last evaluation (or None)."""
+          eval_every_epochs: float = 1, checkpoint_every_epochs: float = 1,
+          num_eval_examples: Optional[int] = None):
+  """Trains to the end of the schedule; returns the last evaluation (or None).
+
+  The evaluation input is built and its first batch read before training, and every
+  evaluation must count `num_eval_examples` images (if given).
+  """
   repl = experiment.repl
+  check_input(repl, eval_input_fn)
   total_steps = experiment.schedule.total_steps
   eval_every = max(1, int(eval_every_epochs * steps_per_epoch))
   checkpoint_every = max(1, int(checkpoint_every_epochs * steps_per_epoch))
@@ -249,6 +338,9 @@ def train(experiment: Experiment, train_input_fn, eval_input_fn, global_batch_si
                  metrics["learning_rate"], metrics["images_per_second"],
                  metrics["ms_per_step"])
     _write(writers, "train", metrics, step)
+    # Saved first: a failing evaluation then costs no training.
+    if checkpointer and (step % checkpoint_every == 0 or step == total_steps):
+      checkpointer.save(step)
     if step % eval_every == 0 or step == total_steps:
       result = experiment.evaluate(eval_input_fn)
       logging.info("eval at step %d (epoch %.2f, %.0f s): accuracy %.4f%s, loss %.4f on "
@@ -258,8 +350,7 @@ def train(experiment: Experiment, train_input_fn, eval_input_fn, global_batch_si
                     if "accuracy_flip" in result else ""),
                    result["loss"], result["count"])
       _write(writers, "eval", result, step)
-    if checkpointer and (step % checkpoint_every == 0 or step == total_steps):
-      checkpointer.save(step)
+      check_eval_count(result["count"], num_eval_examples)
   if steady_time_s:
     logging.info("training done in %.0f s; %.0f images/s after the first call",
                  time.perf_counter() - start, steady_images / steady_time_s)
@@ -282,15 +373,35 @@ def _write(writers, split, metrics, step):
 
 def main(argv):
   del argv
+  eval_batch_size = FLAGS.eval_batch_size or FLAGS.global_batch_size
+  check_flags(FLAGS.global_batch_size, FLAGS.eval_batch_size, FLAGS.epochs,
+              FLAGS.warmup_epochs, FLAGS.eval_every_epochs,
+              FLAGS.checkpoint_every_epochs, FLAGS.log_every_steps)
   tf.random.set_seed(FLAGS.seed)
+  # Before anything starts TensorFlow's runtime (TFDS may): it splits the CPU.
   repl = make_replicator(FLAGS.replicator, FLAGS.num_cpu_devices, FLAGS.tpu,
                          FLAGS.jit_compile)
+  try:
+    _train_with_flags(repl, eval_batch_size)
+  finally:
+    repl.shutdown()
+
+
+def _train_with_flags(repl, eval_batch_size: int):
   info = data.dataset_info(FLAGS.dataset, FLAGS.data_dir, FLAGS.image_size,
-                           FLAGS.num_classes)
-  steps_per_epoch = info.num_train_examples // FLAGS.global_batch_size
+                           FLAGS.num_classes, FLAGS.num_train_examples,
+                           FLAGS.num_eval_examples, FLAGS.tfds_manual_dir)
+  steps_per_epoch = check_batches(FLAGS.global_batch_size, eval_batch_size, FLAGS.epochs,
+                                  repl.num_replicas, info.num_train_examples,
+                                  FLAGS.dataset)
+  try:
+    step_decay_epochs = [float(e) for e in FLAGS.step_decay_epochs]
+  except ValueError:
+    raise ValueError(f"--step_decay_epochs: expected epochs separated by commas, got "
+                     f"{','.join(FLAGS.step_decay_epochs)}; e.g. 30,60,80.") from None
   lr_schedule = schedule_lib.LearningRateSchedule(
       FLAGS.base_learning_rate, FLAGS.global_batch_size, steps_per_epoch, FLAGS.epochs,
-      FLAGS.warmup_epochs, FLAGS.lr_decay, [float(e) for e in FLAGS.step_decay_epochs])
+      FLAGS.warmup_epochs, FLAGS.lr_decay, step_decay_epochs)
   logging.info("%d replicas, %s on %s: %d steps of %d images, peak learning rate %.3f",
                repl.num_replicas, FLAGS.model, FLAGS.dataset, lr_schedule.total_steps,
                FLAGS.global_batch_size, lr_schedule.peak_learning_rate)
@@ -299,18 +410,14 @@ def main(argv):
                           FLAGS.cross_replica_bn, FLAGS.bn_decay, FLAGS.bfloat16,
                           FLAGS.eval_flip)
   input_args = dict(data_dir=FLAGS.data_dir, image_size=FLAGS.image_size,
-                    num_classes=info.num_classes, tfds_manual_dir=FLAGS.tfds_manual_dir)
+                    num_classes=info.num_classes, tfds_manual_dir=FLAGS.tfds_manual_dir,
+                    num_eval_examples=FLAGS.num_eval_examples)
   train_input_fn = data.make_input_fn(FLAGS.dataset, True, FLAGS.global_batch_size,
                                       **input_args)
-  eval_input_fn = data.make_input_fn(
-      FLAGS.dataset, False, FLAGS.eval_batch_size or FLAGS.global_batch_size,
-      **input_args)
-  try:
-    train(experiment, train_input_fn, eval_input_fn, FLAGS.global_batch_size,
-          steps_per_epoch, FLAGS.model_dir, FLAGS.log_every_steps,
-          FLAGS.eval_every_epochs, FLAGS.checkpoint_every_epochs)
-  finally:
-    repl.shutdown()
+  eval_input_fn = data.make_input_fn(FLAGS.dataset, False, eval_batch_size, **input_args)
+  train(experiment, train_input_fn, eval_input_fn, FLAGS.global_batch_size,
+        steps_per_epoch, FLAGS.model_dir, FLAGS.log_every_steps,
+        FLAGS.eval_every_epochs, FLAGS.checkpoint_every_epochs, info.num_eval_examples)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import gzip
 import os
+import types
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 import replicator
 from examples.resnet import data
+from examples.resnet import train as train_lib
 
 IMAGE_SIZE = 16
 
@@ -114,8 +116,12 @@ def test_image_folder(folder_dir):
   assert list(labels) == [0, 0, 1, 1] and weights.sum() == 4
 
 
-def test_mock_tfds_imagenet():
+def test_mock_tfds_imagenet(monkeypatch):
   tfds = pytest.importorskip("tensorflow_datasets")
+  # The mock serves examples but no metadata: nothing is prepared, no split has a size.
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "is_prepared", lambda self: True)
+  monkeypatch.setattr(data, "dataset_info", lambda *args, **kwargs: data.DatasetInfo(
+      1000, 6, 6, (IMAGE_SIZE, IMAGE_SIZE, 3)))
   with tfds.testing.mock_data(num_examples=6):
     for is_training in (True, False):
       input_fn = data.make_input_fn("imagenet_tfds", is_training, 4, "/nonexistent",
@@ -207,3 +213,142 @@ def test_train_preprocessing_flips_and_crops():
   assert len({o.tobytes() for o in outs}) == 8  # random crops
   jpeg_out = data.preprocess_for_train(tf.io.encode_jpeg(image), IMAGE_SIZE)
   assert jpeg_out.shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
+
+
+def _write_validation_shards(directory, sizes):
+  """validation-* files of `sizes` records, labelled 1, 2, ... in file order."""
+  rng = np.random.default_rng(4)
+  label = 0
+  for index, size in enumerate(sizes):
+    name = f"validation-{index:05d}-of-{len(sizes):05d}"
+    with tf.io.TFRecordWriter(os.path.join(directory, name)) as writer:
+      for _ in range(size):
+        label += 1
+        writer.write(_example(tf.io.encode_jpeg(_image(rng, 8, 8)).numpy(), label))
+  return label
+
+
+def _eval_over_workers(data_dir, num_workers, per_worker_batch, num_eval_examples):
+  """Every worker's (real labels, steps), each worker one replica, as train.py runs them."""
+  input_fn = data.make_input_fn("imagenet_tfrecord", False,
+                                num_workers * per_worker_batch, data_dir, image_size=8,
+                                num_eval_examples=num_eval_examples)
+  workers = []
+  for worker in range(num_workers):
+    _, labels, weights = _collect(input_fn(_ctx(num_workers, worker, num_workers)))
+    workers.append((list(labels[weights == 1]), len(labels) // per_worker_batch))
+  return workers
+
+
+def test_multi_worker_eval_sees_every_tfrecord_image_once(tmp_path):
+  """Any worker count, any batch: the workers' real examples are the set, once each.
+
+  Files dealt whole to workers overfilled a worker's fixed number of steps (here
+  worker 0 of 2 got files 0 and 2, 5 images, room for 4): images went unseen.
+  """
+  total = _write_validation_shards(str(tmp_path), [3, 1, 2, 2])
+  for num_workers, per_worker_batch in ((2, 1), (3, 1), (2, 2), (5, 1)):
+    workers = _eval_over_workers(str(tmp_path), num_workers, per_worker_batch, total)
+    seen = sorted(label for labels, _ in workers for label in labels)
+    assert seen == list(range(total)), (num_workers, per_worker_batch, seen)
+    assert len({steps for _, steps in workers}) == 1  # the collectives pair up
+
+
+def test_eval_count_tells_a_wrong_declared_size(tmp_path):
+  """8 images declared as 4 (or 10): the count the train loop checks says so.
+
+  With room for exactly 4 images (2 steps of 2), the count was 4 and 4 images were
+  dropped unnoticed.
+  """
+  total = _write_validation_shards(str(tmp_path), [4, 4])
+  for declared in (4, 10):
+    workers = _eval_over_workers(str(tmp_path), 2, 1, declared)
+    count = sum(len(labels) for labels, _ in workers)
+    assert count != declared, declared
+    with pytest.raises(ValueError, match=f"--num_eval_examples: the evaluation saw "
+                       f"{count} images, but .* should have {declared}"):
+      train_lib.check_eval_count(count, declared)
+  workers = _eval_over_workers(str(tmp_path), 2, 1, total)
+  train_lib.check_eval_count(sum(len(labels) for labels, _ in workers), total)
+
+
+def test_image_folder_skips_hidden_folders(folder_dir, tmp_path):
+  """.ipynb_checkpoints or a NAS's @eaDir is no class (it shifted every label by one)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  root = tmp_path / "folder"
+  shutil.copytree(folder_dir, root)
+  for split in ("train", "validation"):
+    for hidden in (".ipynb_checkpoints", "@eaDir"):
+      os.makedirs(root / split / hidden)
+      (root / split / hidden / "0.png").write_bytes(
+          tf.io.encode_png(np.zeros([4, 4, 3], np.uint8)).numpy())
+  info = data.dataset_info("image_folder", str(root), IMAGE_SIZE)
+  assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (2, 6, 4)
+  labels = [int(y) for _, y in data.image_folder_source(str(root), False, _ctx())]
+  assert labels == [0, 0, 1, 1]  # a_cat, b_dog
+
+
+def test_image_folder_with_a_class_missing_from_validation(folder_dir, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  root = tmp_path / "folder"
+  shutil.copytree(folder_dir, root)
+  shutil.rmtree(root / "validation" / "a_cat")
+  with pytest.raises(ValueError, match=r"--data_dir: .*only in train/: \['a_cat'\]"):
+    data.dataset_info("image_folder", str(root), IMAGE_SIZE)
+
+
+@pytest.mark.parametrize("dataset, data_dir, message", [
+    ("imagenet_tfrecord", None, "--data_dir: --dataset=imagenet_tfrecord needs the "
+     "ImageNet TFRecord shards .*got None"),
+    ("imagenet_tfrecord", "EMPTY", "--data_dir: no file matches .*validation-\\*"),
+    ("image_folder", None, "--data_dir: --dataset=image_folder needs train/<class>"),
+    ("image_folder", "/nonexistent", "--data_dir: '/nonexistent' is not a directory"),
+    ("image_folder", "EMPTY", "--data_dir: .*/train is not a directory"),
+    ("fashion_mnist", "EMPTY", "--data_dir: --dataset=fashion_mnist found no "
+     ".*t10k-images-idx3-ubyte.gz"),
+])
+def test_missing_data_dir_names_the_flag(dataset, data_dir, message, tmp_path):
+  data_dir = str(tmp_path) if data_dir == "EMPTY" else data_dir
+  input_fn = data.make_input_fn(dataset, False, 2, data_dir, image_size=IMAGE_SIZE)
+  with pytest.raises(ValueError, match=message):
+    input_fn(_ctx())
+
+
+def test_tfrecord_sizes_and_classes_from_flags(tfrecord_dir):
+  default = data.dataset_info("imagenet_tfrecord", tfrecord_dir, IMAGE_SIZE)
+  assert (default.num_classes, default.num_train_examples,
+          default.num_eval_examples) == (1000, 1_281_167, 50_000)
+  info = data.dataset_info("imagenet_tfrecord", tfrecord_dir, IMAGE_SIZE, num_classes=10,
+                           num_train_examples=8, num_eval_examples=5)
+  assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (10, 8, 5)
+  with pytest.raises(ValueError, match="--num_eval_examples=5: --dataset=fashion_mnist "
+                     "counts its own"):
+    data.dataset_info("fashion_mnist", num_eval_examples=5)
+  # The validation shard holds labels up to 1000: 10 classes cannot be right.
+  ds = data.tfrecord_source(tfrecord_dir, False, _ctx(), num_classes=10)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="--num_classes"):
+    list(ds)
+
+
+def test_tfds_sizes_come_from_the_builder(monkeypatch):
+  """Not ImageNet's numbers: the prepared builder's splits and label count."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+
+  class Builder:
+    info = types.SimpleNamespace(
+        splits={"train": types.SimpleNamespace(num_examples=12),
+                "validation": types.SimpleNamespace(num_examples=6)},
+        features={"label": types.SimpleNamespace(num_classes=7)})
+    data_dir = "/data/tfds/imagenet2012/5.1.0"
+    prepared = True
+
+    def is_prepared(self):
+      return self.prepared
+  builder = Builder()
+  monkeypatch.setattr(tfds, "builder", lambda name, data_dir: builder)
+  info = data.dataset_info("imagenet_tfds", "/data/tfds", IMAGE_SIZE)
+  assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (7, 12, 6)
+  builder.prepared = False
+  with pytest.raises(ValueError, match="--data_dir: TFDS imagenet2012 is not prepared "
+                     "under /data/tfds/imagenet2012/5.1.0.*--tfds_manual_dir"):
+    data.dataset_info("imagenet_tfds", "/data/tfds", IMAGE_SIZE)

@@ -3,6 +3,7 @@
 import functools
 import glob
 import os
+import types
 
 import numpy as np
 import pytest
@@ -187,3 +188,87 @@ def test_jit_compile_trains_as_without_it_and_needs_the_gpu_replicator():
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
   with pytest.raises(ValueError, match="--jit_compile.*--replicator=multi_gpu"):
     train.make_replicator("multi_gpu", jit_compile=True)
+
+
+class _CountingExperiment:
+  """What train() needs of an Experiment, with a one-variable step: fast to trace."""
+
+  def __init__(self, repl, total_steps):
+    self.repl = repl
+    self.schedule = types.SimpleNamespace(total_steps=total_steps)
+    with repl.context():
+      self.model = tf.Module()
+      self.model.w = tf.Variable(0.0)
+      self.base_optimizer = tf.Module()
+      self.step = tf.Variable(0, dtype=tf.int64)
+
+  def train_step(self, batch):
+    del batch
+    self.model.w.assign_add(1.0)
+    self.step.assign_add(1)
+    return {"loss": self.repl.all_mean(self.model.w), "accuracy": tf.constant(0.0),
+            "learning_rate": tf.constant(0.0)}
+
+
+def test_a_broken_eval_input_stops_the_run_before_training(tmp_path):
+  """Not at the first evaluation, an epoch or more of training later."""
+  repl = replicator.MultiGpuReplicator(devices=TWO_CPUS)
+  eval_input_fn = data.make_input_fn("imagenet_tfrecord", False, GLOBAL_BATCH,
+                                     str(tmp_path), image_size=IMAGE_SIZE)
+  experiment = _experiment(repl)
+  with pytest.raises(ValueError, match="--data_dir: no file matches"):
+    train.train(experiment, _input_fn(*_fixed_batches()), eval_input_fn, GLOBAL_BATCH,
+                steps_per_epoch=1, log_every_steps=1, eval_every_epochs=2)
+  assert int(experiment.step.numpy()) == 0  # no step was run
+  repl.shutdown()
+
+
+def test_the_checkpoint_is_saved_before_the_evaluation_that_fails(tmp_path):
+  """At a step that both evaluates and saves, a failing evaluation loses no training."""
+  repl = replicator.MultiGpuReplicator(devices=TWO_CPUS)
+  experiment = _CountingExperiment(repl, total_steps=2)
+
+  def failing_evaluate(eval_input_fn):
+    raise RuntimeError("evaluation failed")
+  experiment.evaluate = failing_evaluate
+  eval_input_fn = lambda ctx: tf.data.Dataset.range(4)  # passes the start-up check
+  with pytest.raises(RuntimeError, match="evaluation failed"):
+    train.train(experiment, _input_fn(*_fixed_batches()), eval_input_fn, GLOBAL_BATCH,
+                steps_per_epoch=1, model_dir=str(tmp_path), log_every_steps=2,
+                eval_every_epochs=2, checkpoint_every_epochs=2)
+  repl.shutdown()
+  assert int(experiment.step.numpy()) == 2
+  saved = glob.glob(os.path.join(tmp_path, "checkpoints", "ckpt-2*.index"))
+  assert len(saved) == 1, os.listdir(os.path.join(tmp_path, "checkpoints"))
+
+
+@pytest.mark.parametrize("flag, values, message", [
+    ("global_batch_size", (0, -8), "--global_batch_size: must be positive, got {}"),
+    ("eval_batch_size", (0,), "--eval_batch_size: must be positive, got 0"),
+    ("epochs", (0, -1), "--epochs: must be positive, got {}"),
+    ("warmup_epochs", (-0.5, 90), "--warmup_epochs: must be at least 0 and shorter than "
+     "--epochs=90, got {}"),
+    ("eval_every_epochs", (0, -1), "--eval_every_epochs: must be positive, got {}"),
+    ("checkpoint_every_epochs", (0,), "--checkpoint_every_epochs: must be positive"),
+    ("log_every_steps", (0,), "--log_every_steps: must be positive, got 0"),
+])
+def test_flag_errors_name_the_flag_and_value(flag, values, message):
+  good = dict(global_batch_size=1024, eval_batch_size=None, epochs=90, warmup_epochs=5,
+              eval_every_epochs=1, checkpoint_every_epochs=1, log_every_steps=100)
+  train.check_flags(**good)
+  for value in values:
+    with pytest.raises(ValueError, match=message.format(value)):
+      train.check_flags(**{**good, flag: value})
+
+
+def test_batches_must_fit_the_replicas_and_the_data():
+  assert train.check_batches(16, 8, 2.0, 2, num_train_examples=40,
+                             dataset="image_folder") == 2  # 40 // 16
+  with pytest.raises(ValueError, match="--eval_batch_size: 3 images do not split evenly "
+                     "over 2 replicas; pass a multiple of 2"):
+    train.check_batches(16, 3, 2.0, 2, 40, "image_folder")
+  with pytest.raises(ValueError, match="--global_batch_size: 16 is more than the 12 "
+                     "training images of --dataset=image_folder"):
+    train.check_batches(16, 16, 2.0, 2, 12, "image_folder")
+  with pytest.raises(ValueError, match="--epochs: 0.1 epochs of 2 steps round to no step"):
+    train.check_batches(16, 16, 0.1, 2, 40, "image_folder")
