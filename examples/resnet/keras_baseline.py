@@ -42,6 +42,23 @@ def define_flags():
                        "set); fewer to measure images/s in less time.")
 
 
+def conv(x, channels: int, kernel: int, stride: int, **kwargs):
+  """A bias-free convolution padded as `models.Conv2D` pads it.
+
+  Keras' 'same' pads a strided 3x3 convolution of an even input by (0, 1): one
+  row and column after only, so each output sees the image one pixel shifted
+  against `models.Conv2D`, which pads `kernel - 1` split evenly (1, 1).
+  """
+  padding = "same"
+  if stride > 1:
+    total = kernel - 1
+    x = keras.layers.ZeroPadding2D(
+        ((total // 2, total - total // 2), (total // 2, total - total // 2)))(x)
+    padding = "valid"
+  return keras.layers.Conv2D(channels, kernel, stride, padding=padding, use_bias=False,
+                             **kwargs)(x)
+
+
 def resnet20(num_classes: int = 10, weight_decay: float = 5e-4, bn_decay: float = 0.9):
   """ResNet-20 in Keras layers, matching `models.ResNet20`."""
   # Keras' l2(c) adds c * sum(w^2); train.py adds weight_decay * sum(w^2) / 2.
@@ -49,8 +66,8 @@ def resnet20(num_classes: int = 10, weight_decay: float = 5e-4, bn_decay: float 
   init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
 
   def conv_bn(x, channels, kernel, stride, relu, zero_scale=False):
-    x = keras.layers.Conv2D(channels, kernel, stride, padding="same", use_bias=False,
-                            kernel_initializer=init, kernel_regularizer=reg)(x)
+    x = conv(x, channels, kernel, stride, kernel_initializer=init,
+             kernel_regularizer=reg)
     x = keras.layers.BatchNormalization(
         momentum=bn_decay, epsilon=1e-5,
         gamma_initializer="zeros" if zero_scale else "ones")(x)

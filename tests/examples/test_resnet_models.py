@@ -118,3 +118,18 @@ def test_keras_baseline_is_the_same_resnet20():
   model = models.ResNet20(num_classes=10)
   model(tf.zeros([1, 28, 28, 1]), is_training=False)
   assert _num_parameters(keras_model) == _num_parameters(model) == 272_186
+
+
+@pytest.mark.parametrize("kernel, stride", [(3, 2), (1, 2), (3, 1)])
+def test_keras_baseline_pads_convolutions_as_models_conv2d(kernel, stride):
+  """Same kernel, same input: the same output (Keras' 'same' padded strided 3x3
+  convolutions by (0, 1), shifting what each output sees by a pixel)."""
+  from examples.resnet import keras_baseline  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  images = tf.random.stateless_normal([2, 8, 8, 3], seed=[0, 1])
+  ours = models.Conv2D(4, kernel, stride)
+  expected = ours(images)
+  inputs = keras.Input([8, 8, 3])
+  keras_model = keras.Model(inputs, keras_baseline.conv(inputs, 4, kernel, stride))
+  keras_model.layers[-1].set_weights([ours.w.numpy()])
+  np.testing.assert_allclose(keras_model(images).numpy(), expected.numpy(), atol=1e-5)
