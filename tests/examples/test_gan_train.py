@@ -70,7 +70,7 @@ def test_sweep_end_to_end_on_synthetic_data(tmp_path, capsys):
         "sweep", "--config=small", "--dataset=synthetic", "--ch=2", "--replicator=gpu",
         "--num_generator_steps=2", "--batch_sizes=4", "--seeds=0",
         f"--results_dir={tmp_path}", "--num_eval_samples=40",
-        "--num_classifier_examples=64", "--num_real_examples=40",
+        "--num_classifier_examples=256", "--num_real_examples=40",
         f"--cache_dir={tmp_path / 'cache'}", "--evals_per_run=2"])
     sweep.main([])
   results = json.loads((tmp_path / "results.json").read_text())
