@@ -66,13 +66,14 @@ def test_every_replica_draws_different_noise():
 def test_sweep_end_to_end_on_synthetic_data(tmp_path, capsys):
   if "batch_sizes" not in flags.FLAGS:
     sweep.define_flags()  # The example defines its flags only as a script.
+  argv = [
+      "sweep", "--config=small", "--dataset=synthetic", "--ch=2", "--replicator=gpu",
+      "--num_generator_steps=2", "--batch_sizes=4", "--seeds=0",
+      f"--results_dir={tmp_path}", "--num_eval_samples=40",
+      "--num_classifier_examples=256", "--num_real_examples=40",
+      f"--cache_dir={tmp_path / 'cache'}", "--evals_per_run=2"]
   with flagsaver.flagsaver():
-    flags.FLAGS([
-        "sweep", "--config=small", "--dataset=synthetic", "--ch=2", "--replicator=gpu",
-        "--num_generator_steps=2", "--batch_sizes=4", "--seeds=0",
-        f"--results_dir={tmp_path}", "--num_eval_samples=40",
-        "--num_classifier_examples=256", "--num_real_examples=40",
-        f"--cache_dir={tmp_path / 'cache'}", "--evals_per_run=2"])
+    flags.FLAGS(argv)
     sweep.main([])
   results = json.loads((tmp_path / "results.json").read_text())
   assert results["batch_sizes"] == [4]
@@ -82,6 +83,13 @@ def test_sweep_end_to_end_on_synthetic_data(tmp_path, capsys):
                "quality_vs_steps.png", "samples_by_batch_size.png"):
     assert (tmp_path / name).stat().st_size > 0
   assert str(tmp_path / "results.md") in capsys.readouterr().out
+  # The batch size is each run's, not the sweep's.
+  assert "global_batch_size" not in results["config"]
+  assert results["runs"][0]["settings"]["config"]["global_batch_size"] == 4
+  with flagsaver.flagsaver():  # The same results_dir, another experiment.
+    flags.FLAGS([*argv, "--num_generator_steps=3"])
+    with pytest.raises(ValueError, match=r"num_generator_steps: 2 there, 3 now"):
+      sweep.main([])
 
 
 def _record(batch, seed, fcd):
