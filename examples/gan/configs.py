@@ -24,7 +24,9 @@ class GanConfig:
   d_multipliers: Tuple[int, ...]
   d_downsample: Tuple[bool, ...]
   z_dim: int = 128
-  cross_replica_bn: bool = False
+  # Generator batch norm over the global batch: with several replicas, the
+  # same update as one device on the whole batch (a batch-size study needs it).
+  cross_replica_bn: bool = True
   global_batch_size: int = 64
   n_dis: int = 5
   learning_rate: float = 2e-4
@@ -47,7 +49,6 @@ IMAGENET128 = GanConfig(
     d_ch=64,
     d_multipliers=(1, 2, 4, 8, 16, 16),
     d_downsample=(True, True, True, True, True, False),
-    cross_replica_bn=True,
     global_batch_size=256,
     n_dis=5,
     num_generator_steps=450_000,

@@ -46,6 +46,9 @@ def define_flags():
   flags.DEFINE_integer("num_generator_steps", None, "Overrides the config's.")
   flags.DEFINE_integer("n_dis", None, "D steps per G step; overrides the config's.")
   flags.DEFINE_integer("ch", None, "Sets both g_ch and d_ch (reduced width).")
+  flags.DEFINE_bool("cross_replica_bn", None,
+                    "Generator batch norm over the global batch (every config: "
+                    "on); --nocross_replica_bn normalizes each replica's batch.")
   flags.DEFINE_string("dataset", None, "Overrides the config's: see data.py.")
   flags.DEFINE_string("data_dir", None,
                       "TFDS data_dir, TFRecord glob or image folder.")
@@ -111,13 +114,19 @@ class GanTrainer:
     if config.global_batch_size % repl.num_replicas:
       raise ValueError(
           f"global_batch_size: {config.global_batch_size} does not split over "
-          f"{repl.num_replicas} replicas.")
+          f"{repl.num_replicas} replicas. Pass a --global_batch_size (sweep: "
+          f"--batch_sizes) that is a multiple of {repl.num_replicas}, or a "
+          "number of replicas (--num_cpu_devices) that divides it.")
     self.per_replica_batch_size = config.global_batch_size // repl.num_replicas
     tf.random.set_seed(seed)
+    # On one replica the batch already is the global batch; `snt.BatchNorm`'s
+    # fused kernel then keeps the one-device figures bit for bit (the
+    # cross-replica module's unfused statistics round differently).
+    cross_replica_bn = config.cross_replica_bn and repl.num_replicas > 1
     with repl.context():
       self.generator = models.Generator(
           config.g_ch, config.g_multipliers, config.num_classes,
-          config.image_channels, cross_replica_bn=config.cross_replica_bn)
+          config.image_channels, cross_replica_bn=cross_replica_bn)
       self.discriminator = models.Discriminator(
           config.d_ch, config.d_multipliers, config.d_downsample,
           config.num_classes)
@@ -199,13 +208,9 @@ def train(config: configs.GanConfig, repl: replicator.Replicator, *,
 
   Returns the trainer and its evaluations (one dict each, with its `step`).
   """
+  check_positive(log_every=log_every, checkpoint_every=checkpoint_every)
   trainer = GanTrainer(config, repl, seed)
-  checkpointer = replicator.Checkpointer(
-      os.path.join(workdir, "checkpoints"), generator=trainer.generator,
-      discriminator=trainer.discriminator,
-      g_optimizer=trainer.g_optimizer.optimizer,
-      d_optimizer=trainer.d_optimizer.optimizer, step=trainer.step)
-  checkpointer.restore_latest()
+  checkpointer, restorer = restore(trainer, os.path.join(workdir, "checkpoints"))
   writer = tf.summary.create_file_writer(workdir) if repl.is_chief else None
   history, tick, first = [], time.time(), int(trainer.step.numpy())
   last = config.num_generator_steps
@@ -235,7 +240,47 @@ def train(config: configs.GanConfig, repl: replicator.Replicator, *,
   if writer:
     write_summaries(writer, last, {},
                     trainer.sample(np.arange(16) % config.num_classes))
+  del restorer  # Kept until here: it restores optimizer slots made on first use.
   return trainer, history
+
+
+def restore(trainer: GanTrainer, directory: str):
+  """A Checkpointer of the trainer's state, after restoring the latest checkpoint.
+
+  The noise generator is saved too, so a resumed run draws the noise and fake
+  labels the uninterrupted run would have drawn, not those of step 1 again.
+  Returns the Checkpointer and the one that restored (kept alive until the
+  optimizer slots it restores are created).
+  """
+  state = dict(generator=trainer.generator, discriminator=trainer.discriminator,
+               g_optimizer=trainer.g_optimizer.optimizer,
+               d_optimizer=trainer.d_optimizer.optimizer, step=trainer.step)
+  checkpointer = replicator.Checkpointer(directory, rng=trainer.rng, **state)
+  try:
+    checkpointer.restore_latest()
+    return checkpointer, checkpointer
+  except ValueError as error:
+    # A checkpoint written before the noise generator was saved: the rest of
+    # the state restores; the noise restarts from the seed.
+    without_rng = replicator.Checkpointer(directory, **state)
+    try:
+      step = without_rng.restore_latest()
+    except ValueError:
+      raise error from None
+    logging.warning(
+        "%s holds no noise generator (written before it was checkpointed): "
+        "resumed at step %d with the noise and fake labels drawn again from "
+        "seed, as at step 1.", directory, step)
+    return checkpointer, without_rng
+
+
+def check_positive(**values: int):
+  """Raises, naming the flag, unless every value is an int > 0."""
+  for name, value in values.items():
+    if value is None or value <= 0:
+      raise ValueError(
+          f"{name}: must be a positive integer, got {value!r}. Pass "
+          f"--{name}=N with N >= 1 (or leave it out for the default).")
 
 
 def make_replicator(kind: str, tpu: Optional[str] = None,
@@ -253,11 +298,17 @@ def make_replicator(kind: str, tpu: Optional[str] = None,
 
 
 def config_from_flags() -> configs.GanConfig:
+  """The config named by --config with the flags' overrides, checked."""
   config = configs.get_config(FLAGS.config)
+  sizes = {"global_batch_size": FLAGS.global_batch_size,
+           "num_generator_steps": FLAGS.num_generator_steps,
+           "n_dis": FLAGS.n_dis, "ch": FLAGS.ch}
+  check_positive(**{k: v for k, v in sizes.items() if v is not None})
   overrides = {"global_batch_size": FLAGS.global_batch_size,
                "num_generator_steps": FLAGS.num_generator_steps,
                "n_dis": FLAGS.n_dis, "dataset": FLAGS.dataset,
-               "g_ch": FLAGS.ch, "d_ch": FLAGS.ch}
+               "g_ch": FLAGS.ch, "d_ch": FLAGS.ch,
+               "cross_replica_bn": FLAGS.cross_replica_bn}
   return config.replace(**{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -270,6 +321,8 @@ def data_kwargs_from_flags(config: configs.GanConfig) -> Dict:
 def main(argv):
   del argv
   config = config_from_flags()
+  check_positive(log_every=FLAGS.log_every,
+                 checkpoint_every=FLAGS.checkpoint_every)
   repl = make_replicator(FLAGS.replicator, FLAGS.tpu, FLAGS.num_cpu_devices)
   logging.info("config %s on %r", config, repl)
   data_kwargs = data_kwargs_from_flags(config)

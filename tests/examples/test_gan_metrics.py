@@ -1,5 +1,8 @@
 """Classifier score, Fréchet distance and the metric classifier."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -64,10 +67,10 @@ def test_classifier_learns_is_cached_and_scores_real_data_well(tmp_path):
   train_data, test_data = _two_class_data(512, rng), _two_class_data(128, rng)
   classifier = metrics.train_classifier(train_data, test_data, 2, epochs=3,
                                         batch_size=64, cache_dir=str(tmp_path))
-  info = (tmp_path / "classifier.json").read_text()
-  assert '"test_accuracy": 1.0' in info
-  restored = metrics.train_classifier(train_data, test_data, 2,
-                                      cache_dir=str(tmp_path))
+  (info,) = tmp_path.glob("*/classifier.json")
+  assert json.loads(info.read_text())["test_accuracy"] == 1.0
+  restored = metrics.train_classifier(train_data, test_data, 2, epochs=3,
+                                      batch_size=64, cache_dir=str(tmp_path))
   np.testing.assert_allclose(metrics.predict(restored, test_data[0])[1],
                              metrics.predict(classifier, test_data[0])[1],
                              rtol=1e-5)
@@ -99,3 +102,112 @@ def test_docstring_examples_run():
   import doctest  # pylint: disable=g-import-not-at-top
   results = doctest.testmod(metrics, extraglobs={"np": np})
   assert results.attempted > 0 and results.failed == 0
+
+
+def _predictions(classifier, images):
+  return metrics.predict(classifier, images)[0]
+
+
+def test_classifier_cache_is_keyed_on_the_training_data(tmp_path):
+  # A quick run with few examples must not poison the cache of a later,
+  # larger one: the larger one gets its own classifier, the one trained
+  # without any cache (the oracle).
+  rng = np.random.RandomState(4)
+  train_data, test_data = _two_class_data(256, rng), _two_class_data(64, rng)
+  few = (train_data[0][:64], train_data[1][:64])
+  kwargs = dict(epochs=1, batch_size=64)
+  metrics.train_classifier(few, test_data, 2, cache_dir=str(tmp_path), **kwargs)
+  cached = metrics.train_classifier(train_data, test_data, 2,
+                                    cache_dir=str(tmp_path), **kwargs)
+  oracle = metrics.train_classifier(train_data, test_data, 2, **kwargs)
+  np.testing.assert_allclose(_predictions(cached, test_data[0]),
+                             _predictions(oracle, test_data[0]), atol=1e-6)
+  entries = sorted(json.loads(p.read_text())["settings"]["num_train"]
+                   for p in tmp_path.glob("*/classifier.json"))
+  assert entries == [64, 256]
+  # The second call for 256 examples restores the cached classifier.
+  again = metrics.train_classifier(train_data, test_data, 2,
+                                   cache_dir=str(tmp_path), **kwargs)
+  np.testing.assert_array_equal(_predictions(again, test_data[0]),
+                                _predictions(cached, test_data[0]))
+
+
+@pytest.mark.parametrize("change", [
+    {"num_train": 200}, {"data_dir": "/other"}, {"channels": 3},
+    {"num_classes": 5}, {"label_offset": 1}, {"dataset": "synthetic"},
+    {"resolution": 64}, {"manual_dir": "/tars"}])
+def test_classifier_cache_dir_changes_with_every_data_setting(change):
+  from examples.gan import configs  # pylint: disable=g-import-not-at-top
+  kwargs = dict(resolution=32, channels=1, num_classes=10, data_dir=None,
+                manual_dir=None, label_offset=0)
+
+  def entry(config, data_kwargs, num_train):
+    settings = metrics.classifier_data_settings(config, data_kwargs, num_train)
+    return metrics.classifier_cache_dir("/cache", settings)
+
+  base = entry(configs.SMALL, kwargs, 60_000)
+  changed = dict(change)
+  config = configs.SMALL.replace(dataset=changed.pop("dataset", "fashion_mnist"))
+  num_train = changed.pop("num_train", 60_000)
+  assert entry(config, {**kwargs, **changed}, num_train) != base
+  assert entry(configs.SMALL, dict(kwargs), 60_000) == base
+
+
+def test_classifier_refuses_fewer_examples_than_one_batch(tmp_path):
+  rng = np.random.RandomState(4)
+  train_data, test_data = _two_class_data(40, rng), _two_class_data(16, rng)
+  with pytest.raises(ValueError, match=r"40 training images, fewer than one "
+                     r"batch \(64\).*--num_classifier_examples=64"):
+    metrics.train_classifier(train_data, test_data, 2, batch_size=64,
+                             cache_dir=str(tmp_path))
+  assert not list(tmp_path.iterdir())
+
+
+def test_classifier_near_chance_is_refused_trained_or_cached(tmp_path):
+  rng = np.random.RandomState(4)
+  blank = (np.zeros([128, 8, 8, 1], np.float32), np.arange(128) % 2)
+  with pytest.raises(ValueError, match=r"test accuracy 0\.500 \(chance: 0\.500\)"
+                     r".*--num_classifier_examples"):
+    # Blank images: one class for all, exactly chance on balanced labels.
+    metrics.train_classifier(blank, blank, 2, batch_size=64,
+                             cache_dir=str(tmp_path))
+  assert not list(tmp_path.glob("*/classifier.json"))  # Nothing cached.
+
+  train_data, test_data = _two_class_data(128, rng), _two_class_data(64, rng)
+  metrics.train_classifier(train_data, test_data, 2, batch_size=64, epochs=3,
+                           cache_dir=str(tmp_path))
+  (info_path,) = tmp_path.glob("*/classifier.json")
+  info = json.loads(info_path.read_text())
+  assert info["test_accuracy"] == 1.0
+  info_path.write_text(json.dumps({**info, "test_accuracy": 0.52}))
+  with pytest.raises(ValueError, match=r"cache_dir: .*test accuracy 0\.520.*"
+                     r"Delete that directory"):
+    metrics.train_classifier(train_data, test_data, 2, batch_size=64, epochs=3,
+                             cache_dir=str(tmp_path))
+
+
+def test_cached_classifier_for_other_images_is_refused_clearly(tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(4)
+  gray, test_gray = _two_class_data(128, rng), _two_class_data(64, rng)
+  rgb = (np.tile(gray[0], [1, 1, 1, 3]), gray[1])
+  metrics.train_classifier(gray, test_gray, 2, batch_size=64, epochs=3,
+                           cache_dir=str(tmp_path / "a"))
+  (gray_entry,) = (tmp_path / "a").iterdir()
+  settings = json.loads((gray_entry / "classifier.json").read_text())["settings"]
+  rgb_entry = metrics.classifier_cache_dir(
+      str(tmp_path / "b"), {**settings, "image_shape": [8, 8, 3]})
+  shutil.copytree(gray_entry, rgb_entry)  # As if copied by hand.
+  with pytest.raises(ValueError, match=r"cache_dir: the cached metric classifier"
+                     r" in .*\(image_shape: \[8, 8, 1\] there, \[8, 8, 3\] here"):
+    metrics.train_classifier(rgb, test_gray, 2, batch_size=64, epochs=3,
+                             cache_dir=str(tmp_path / "b"))
+  # Settings that match but weights that do not: no raw restore error either.
+  info = json.loads((gray_entry / "classifier.json").read_text())
+  info["settings"]["image_shape"] = [8, 8, 3]
+  (tmp_path / "b" / os.path.basename(rgb_entry) / "classifier.json").write_text(
+      json.dumps(info))
+  with pytest.raises(ValueError, match=r"cache_dir: .* does not restore into "
+                     r"this classifier"):
+    metrics.train_classifier(rgb, test_gray, 2, batch_size=64, epochs=3,
+                             cache_dir=str(tmp_path / "b"))
