@@ -36,9 +36,9 @@ import tensorflow as tf
 import replicator
 from benchmarks import common
 from examples.resnet import data
+from examples.resnet import experiment as experiment_lib
 from examples.resnet import models
 from examples.resnet import schedule as schedule_lib
-from examples.resnet import train
 
 VARIANTS = ("GpuReplicator fp32", "GpuReplicator bf16 + XLA", "Keras fp32",
             "Keras bf16 + XLA")
@@ -51,8 +51,8 @@ def replicator_variant(bf16_xla: bool, batch: int, image_size: int, steps: int):
   repl = replicator.GpuReplicator(jit_compile=bf16_xla)
   schedule = schedule_lib.LearningRateSchedule(0.1, batch, steps_per_epoch=1000,
                                                total_epochs=90)
-  experiment = train.Experiment(repl, models.ResNet50, 1000, schedule,
-                                bfloat16=bf16_xla)
+  experiment = experiment_lib.Experiment(repl, models.ResNet50, 1000, schedule,
+                                         bfloat16=bf16_xla)
   input_fn = data.make_input_fn("synthetic", True, batch, image_size=image_size)
 
   def call():

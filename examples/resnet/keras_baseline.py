@@ -61,7 +61,7 @@ def conv(x, channels: int, kernel: int, stride: int, **kwargs):
 
 def resnet20(num_classes: int = 10, weight_decay: float = 5e-4, bn_decay: float = 0.9):
   """ResNet-20 in Keras layers, matching `models.ResNet20`."""
-  # Keras' l2(c) adds c * sum(w^2); train.py adds weight_decay * sum(w^2) / 2.
+  # Keras' l2(c) adds c * sum(w^2); experiment.py adds weight_decay * sum(w^2) / 2.
   reg = keras.regularizers.L2(weight_decay / 2)
   init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
 

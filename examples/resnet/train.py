@@ -20,12 +20,13 @@ from typing import Optional
 from absl import app
 from absl import flags
 from absl import logging
-import sonnet as snt
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 import replicator
+from examples.resnet import checks
 from examples.resnet import data
+from examples.resnet import experiment as experiment_lib
 from examples.resnet import models
 from examples.resnet import schedule as schedule_lib
 
@@ -115,81 +116,6 @@ def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None,
   return replicator.TpuReplicator(tpu=tpu)
 
 
-def check_flags(global_batch_size: int, eval_batch_size, epochs: float,
-                warmup_epochs: float, eval_every_epochs: float,
-                checkpoint_every_epochs: float, log_every_steps: int):
-  """Raises on flag values that would train wrongly or not at all, before any work."""
-  fixes = {"global_batch_size": "e.g. --global_batch_size=1024",
-           "eval_batch_size": "or leave it out to use --global_batch_size",
-           "epochs": "e.g. --epochs=90",
-           "eval_every_epochs": "e.g. --eval_every_epochs=1; to evaluate once, at the "
-                                "end, pass --eval_every_epochs equal to --epochs",
-           "checkpoint_every_epochs": "e.g. --checkpoint_every_epochs=1",
-           "log_every_steps": "e.g. --log_every_steps=100"}
-  values = dict(global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
-                epochs=epochs, eval_every_epochs=eval_every_epochs,
-                checkpoint_every_epochs=checkpoint_every_epochs,
-                log_every_steps=log_every_steps)
-  for name, value in values.items():
-    # `not > 0` also rejects NaN. A zero period used to mean "every step", silently.
-    if value is not None and not value > 0:
-      raise ValueError(f"--{name}: must be positive, got {value}; {fixes[name]}.")
-  if not 0 <= warmup_epochs < epochs:
-    raise ValueError(f"--warmup_epochs: must be at least 0 and shorter than --epochs="
-                     f"{epochs}, got {warmup_epochs}; e.g. --warmup_epochs=5 (0: none).")
-
-
-def check_batches(global_batch_size: int, eval_batch_size: int, epochs: float,
-                  num_replicas: int, num_train_examples: int, dataset: str) -> int:
-  """Raises where the batches do not fit the replicas or the data; steps per epoch."""
-  for name, batch in (("global_batch_size", global_batch_size),
-                      ("eval_batch_size", eval_batch_size)):
-    if batch % num_replicas:
-      raise ValueError(
-          f"--{name}: {batch} images do not split evenly over {num_replicas} "
-          f"replicas; pass a multiple of {num_replicas}, e.g. "
-          f"--{name}={max(1, batch // num_replicas) * num_replicas}.")
-  steps_per_epoch = num_train_examples // global_batch_size
-  if steps_per_epoch == 0:
-    raise ValueError(
-        f"--global_batch_size: {global_batch_size} is more than the "
-        f"{num_train_examples} training images of --dataset={dataset}, so an epoch "
-        f"has no step; pass at most {num_train_examples}.")
-  if round(epochs * steps_per_epoch) < 1:
-    raise ValueError(
-        f"--epochs: {epochs} epochs of {steps_per_epoch} steps round to no step; pass "
-        f"at least {0.5 / steps_per_epoch:.2g}.")
-  return steps_per_epoch
-
-
-def input_context(repl) -> replicator.InputContext:
-  """The context `repl` gives this worker's `input_fn`."""
-  return replicator.InputContext(num_input_pipelines=repl.num_workers,
-                                 input_pipeline_id=repl.mesh.worker_index,
-                                 num_replicas_in_sync=repl.num_replicas)
-
-
-def check_input(repl, input_fn):
-  """Builds this worker's dataset and reads its first batch.
-
-  A missing file, a batch that does not split over the replicas or an image that
-  does not decode then stops the run at start-up, not at the first evaluation
-  (an epoch or more into training).
-  """
-  next(iter(input_fn(input_context(repl))))
-
-
-def check_eval_count(count: float, num_eval_examples: Optional[int]):
-  """Raises unless the evaluation saw every image of the declared evaluation set once."""
-  if num_eval_examples is not None and round(count) != num_eval_examples:
-    raise ValueError(
-        f"--num_eval_examples: the evaluation saw {count:.0f} images, but the "
-        f"evaluation set should have {num_eval_examples} (the flag, else the size the "
-        "dataset reports), so its accuracy is not over that set. Pass the number of "
-        "images in the validation data as --num_eval_examples (imagenet_tfrecord), "
-        "or check --data_dir.")
-
-
 def make_checkpointer(directory: str, **trackables):
   """`replicator.Checkpointer`, or TensorFlow's manager where the library lacks it."""
   if hasattr(replicator, "Checkpointer"):
@@ -203,105 +129,17 @@ def make_checkpointer(directory: str, **trackables):
   return _Checkpointer()
 
 
-def cross_entropy(logits, labels, label_smoothing: float):
-  num_classes = logits.shape[-1]
-  targets = tf.one_hot(labels, num_classes) * (1 - label_smoothing)
-  targets += label_smoothing / num_classes
-  return tf.nn.softmax_cross_entropy_with_logits(targets, logits)
-
-
-class Experiment:
-  """The model, optimizer, schedule and the train and evaluation steps.
-
-  `model_fn(num_classes=, norm_factory=, compute_dtype=)` builds the model, e.g.
-  `models.ResNet50`.
-  """
-
-  def __init__(self, repl, model_fn, num_classes: int,
-               lr_schedule: schedule_lib.LearningRateSchedule, momentum: float = 0.9,
-               weight_decay: float = 1e-4, label_smoothing: float = 0.1,
-               cross_replica_bn: bool = False, bn_decay: float = 0.9,
-               bfloat16: bool = False, eval_flip: bool = False):
-    self.repl = repl
-    self.eval_flip = eval_flip
-    self.schedule = lr_schedule
-    self.weight_decay = weight_decay
-    self.label_smoothing = label_smoothing
-    with repl.context():
-      norm_factory = models.batch_norm_factory(bn_decay, cross_replica=cross_replica_bn)
-      self.model = model_fn(num_classes=num_classes, norm_factory=norm_factory,
-                            compute_dtype=tf.bfloat16 if bfloat16 else tf.float32)
-      self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-      self.learning_rate = tf.Variable(0.0, trainable=False, name="learning_rate")
-      self.base_optimizer = snt.optimizers.Momentum(self.learning_rate, momentum,
-                                                    use_nesterov=True)
-      self.optimizer = repl.wrap_optimizer(self.base_optimizer)
-
-  def train_step(self, batch):
-    images, labels = batch
-    self.learning_rate.assign(self.schedule(self.step))
-    with tf.GradientTape() as tape:
-      logits = self.model(images, is_training=True)
-      xent = tf.reduce_mean(cross_entropy(logits, labels, self.label_smoothing))
-      l2 = tf.add_n([tf.nn.l2_loss(w) for w in self.model.weight_decay_variables])
-      loss = xent + self.weight_decay * l2
-    variables = self.model.trainable_variables
-    self.optimizer.apply(tape.gradient(loss, variables), variables)
-    self.step.assign_add(1)
-    accuracy = tf.reduce_mean(tf.cast(
-        tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
-    return {"loss": self.repl.all_mean(xent), "accuracy": self.repl.all_mean(accuracy),
-            "learning_rate": self.learning_rate.read_value()}
-
-  def eval_step(self, batch):
-    images, labels, weights = batch
-    logits = self.model(images, is_training=False)
-
-    def num_correct(scores):
-      hits = tf.equal(tf.argmax(scores, -1, output_type=tf.int32), labels)
-      return tf.reduce_sum(weights * tf.cast(hits, tf.float32))
-    xent = cross_entropy(logits, labels, 0.0)
-    sums = {"correct": num_correct(logits), "loss": tf.reduce_sum(weights * xent),
-            "count": tf.reduce_sum(weights)}
-    if self.eval_flip:
-      mirrored = self.model(tf.reverse(images, axis=[2]), is_training=False)
-      sums["correct_flip"] = num_correct(tf.nn.softmax(logits) + tf.nn.softmax(mirrored))
-    return self.repl.all_sum(sums)
-
-  def evaluate(self, eval_input_fn):
-    """One pass over the evaluation set: {"accuracy", "loss", "count"}.
-
-    With `eval_flip`, also "accuracy_flip": each image and its mirror image, softmax
-    averaged (the test-time counterpart of the training flips).
-    """
-    totals = {}  # eval_step's sums, over the whole set
-    while True:
-      try:
-        out = self.repl.run(self.eval_step, eval_input_fn)
-      except replicator.InputExhausted:
-        break
-      for key, value in out.items():
-        totals[key] = totals.get(key, 0.0) + float(value[0])
-    self.repl.reset_input(eval_input_fn)
-    count = max(totals.get("count", 0.0), 1.0)
-    result = {"accuracy": totals.get("correct", 0.0) / count,
-              "loss": totals.get("loss", 0.0) / count, "count": totals.get("count", 0.0)}
-    if self.eval_flip:
-      result["accuracy_flip"] = totals.get("correct_flip", 0.0) / count
-    return result
-
-
-def train(experiment: Experiment, train_input_fn, eval_input_fn, global_batch_size: int,
-          steps_per_epoch: int, model_dir=None, log_every_steps: int = 100,
-          eval_every_epochs: float = 1, checkpoint_every_epochs: float = 1,
-          num_eval_examples: Optional[int] = None):
+def train(experiment: experiment_lib.Experiment, train_input_fn, eval_input_fn,
+          global_batch_size: int, steps_per_epoch: int, model_dir=None,
+          log_every_steps: int = 100, eval_every_epochs: float = 1,
+          checkpoint_every_epochs: float = 1, num_eval_examples: Optional[int] = None):
   """Trains to the end of the schedule; returns the last evaluation (or None).
 
   The evaluation input is built and its first batch read before training, and every
   evaluation must count `num_eval_examples` images (if given).
   """
   repl = experiment.repl
-  check_input(repl, eval_input_fn)
+  checks.check_input(repl, eval_input_fn)
   total_steps = experiment.schedule.total_steps
   eval_every = max(1, int(eval_every_epochs * steps_per_epoch))
   checkpoint_every = max(1, int(checkpoint_every_epochs * steps_per_epoch))
@@ -350,7 +188,7 @@ def train(experiment: Experiment, train_input_fn, eval_input_fn, global_batch_si
                     if "accuracy_flip" in result else ""),
                    result["loss"], result["count"])
       _write(writers, "eval", result, step)
-      check_eval_count(result["count"], num_eval_examples)
+      checks.check_eval_count(result["count"], num_eval_examples)
   if steady_time_s:
     logging.info("training done in %.0f s; %.0f images/s after the first call",
                  time.perf_counter() - start, steady_images / steady_time_s)
@@ -374,9 +212,9 @@ def _write(writers, split, metrics, step):
 def main(argv):
   del argv
   eval_batch_size = FLAGS.eval_batch_size or FLAGS.global_batch_size
-  check_flags(FLAGS.global_batch_size, FLAGS.eval_batch_size, FLAGS.epochs,
-              FLAGS.warmup_epochs, FLAGS.eval_every_epochs,
-              FLAGS.checkpoint_every_epochs, FLAGS.log_every_steps)
+  checks.check_flags(FLAGS.global_batch_size, FLAGS.eval_batch_size, FLAGS.epochs,
+                     FLAGS.warmup_epochs, FLAGS.eval_every_epochs,
+                     FLAGS.checkpoint_every_epochs, FLAGS.log_every_steps)
   tf.random.set_seed(FLAGS.seed)
   # Before anything starts TensorFlow's runtime (TFDS may): it splits the CPU.
   repl = make_replicator(FLAGS.replicator, FLAGS.num_cpu_devices, FLAGS.tpu,
@@ -391,9 +229,9 @@ def _train_with_flags(repl, eval_batch_size: int):
   info = data.dataset_info(FLAGS.dataset, FLAGS.data_dir, FLAGS.image_size,
                            FLAGS.num_classes, FLAGS.num_train_examples,
                            FLAGS.num_eval_examples, FLAGS.tfds_manual_dir)
-  steps_per_epoch = check_batches(FLAGS.global_batch_size, eval_batch_size, FLAGS.epochs,
-                                  repl.num_replicas, info.num_train_examples,
-                                  FLAGS.dataset)
+  steps_per_epoch = checks.check_batches(
+      FLAGS.global_batch_size, eval_batch_size, FLAGS.epochs, repl.num_replicas,
+      info.num_train_examples, FLAGS.dataset)
   try:
     step_decay_epochs = [float(e) for e in FLAGS.step_decay_epochs]
   except ValueError:
@@ -405,10 +243,10 @@ def _train_with_flags(repl, eval_batch_size: int):
   logging.info("%d replicas, %s on %s: %d steps of %d images, peak learning rate %.3f",
                repl.num_replicas, FLAGS.model, FLAGS.dataset, lr_schedule.total_steps,
                FLAGS.global_batch_size, lr_schedule.peak_learning_rate)
-  experiment = Experiment(repl, models.MODELS[FLAGS.model], info.num_classes, lr_schedule,
-                          FLAGS.momentum, FLAGS.weight_decay, FLAGS.label_smoothing,
-                          FLAGS.cross_replica_bn, FLAGS.bn_decay, FLAGS.bfloat16,
-                          FLAGS.eval_flip)
+  experiment = experiment_lib.Experiment(
+      repl, models.MODELS[FLAGS.model], info.num_classes, lr_schedule, FLAGS.momentum,
+      FLAGS.weight_decay, FLAGS.label_smoothing, FLAGS.cross_replica_bn, FLAGS.bn_decay,
+      FLAGS.bfloat16, FLAGS.eval_flip)
   input_args = dict(data_dir=FLAGS.data_dir, image_size=FLAGS.image_size,
                     num_classes=info.num_classes, tfds_manual_dir=FLAGS.tfds_manual_dir,
                     num_eval_examples=FLAGS.num_eval_examples)

@@ -9,8 +9,9 @@ import pytest
 import tensorflow as tf
 
 import replicator
+from examples.resnet import checks
 from examples.resnet import data
-from examples.resnet import train as train_lib
+from examples.resnet import imagenet
 
 IMAGE_SIZE = 16
 
@@ -82,7 +83,7 @@ def test_tfrecord_workers_read_disjoint_parts(tfrecord_dir, split_files, tmp_pat
     with tf.io.TFRecordWriter(os.path.join(data_dir, "train-00000-of-00001")) as writer:
       for record in records:
         writer.write(record)
-  per_worker = [sorted(int(y) for _, y in data.tfrecord_source(data_dir, True, ctx))
+  per_worker = [sorted(int(y) for _, y in imagenet.tfrecord_source(data_dir, True, ctx))
                 for ctx in (_ctx(2, 0), _ctx(2, 1))]
   assert not set(per_worker[0]) & set(per_worker[1])
   assert sorted(per_worker[0] + per_worker[1]) == list(range(8))
@@ -197,7 +198,7 @@ def test_eval_preprocessing_crops_the_center():
   """Resize the shorter side to size / 0.875, then crop the middle square."""
   image = np.zeros([64, 128, 3], np.uint8)
   image[:, 56:72] = 255  # A vertical bar in the middle of the image.
-  out = data.preprocess_for_eval(tf.io.encode_png(image), image_size=28).numpy()
+  out = imagenet.preprocess_for_eval(tf.io.encode_png(image), image_size=28).numpy()
   assert out.shape == (28, 28, 3)
   bright = out[14, :, 0] > 0
   # 64 -> 32 px high, so the bar spans 8 px, centred in the 28 px crop.
@@ -207,11 +208,11 @@ def test_eval_preprocessing_crops_the_center():
 def test_train_preprocessing_flips_and_crops():
   rng = np.random.default_rng(3)
   image = _image(rng, 40, 60)
-  outs = [data.preprocess_for_train(tf.constant(image), IMAGE_SIZE).numpy()
+  outs = [imagenet.preprocess_for_train(tf.constant(image), IMAGE_SIZE).numpy()
           for _ in range(8)]
   assert all(o.shape == (IMAGE_SIZE, IMAGE_SIZE, 3) for o in outs)
   assert len({o.tobytes() for o in outs}) == 8  # random crops
-  jpeg_out = data.preprocess_for_train(tf.io.encode_jpeg(image), IMAGE_SIZE)
+  jpeg_out = imagenet.preprocess_for_train(tf.io.encode_jpeg(image), IMAGE_SIZE)
   assert jpeg_out.shape == (IMAGE_SIZE, IMAGE_SIZE, 3)
 
 
@@ -267,9 +268,9 @@ def test_eval_count_tells_a_wrong_declared_size(tmp_path):
     assert count != declared, declared
     with pytest.raises(ValueError, match=f"--num_eval_examples: the evaluation saw "
                        f"{count} images, but .* should have {declared}"):
-      train_lib.check_eval_count(count, declared)
+      checks.check_eval_count(count, declared)
   workers = _eval_over_workers(str(tmp_path), 2, 1, total)
-  train_lib.check_eval_count(sum(len(labels) for labels, _ in workers), total)
+  checks.check_eval_count(sum(len(labels) for labels, _ in workers), total)
 
 
 def test_image_folder_skips_hidden_folders(folder_dir, tmp_path):
@@ -284,7 +285,7 @@ def test_image_folder_skips_hidden_folders(folder_dir, tmp_path):
           tf.io.encode_png(np.zeros([4, 4, 3], np.uint8)).numpy())
   info = data.dataset_info("image_folder", str(root), IMAGE_SIZE)
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (2, 6, 4)
-  labels = [int(y) for _, y in data.image_folder_source(str(root), False, _ctx())]
+  labels = [int(y) for _, y in imagenet.image_folder_source(str(root), False, _ctx())]
   assert labels == [0, 0, 1, 1]  # a_cat, b_dog
 
 
@@ -325,7 +326,7 @@ def test_tfrecord_sizes_and_classes_from_flags(tfrecord_dir):
                      "counts its own"):
     data.dataset_info("fashion_mnist", num_eval_examples=5)
   # The validation shard holds labels up to 1000: 10 classes cannot be right.
-  ds = data.tfrecord_source(tfrecord_dir, False, _ctx(), num_classes=10)
+  ds = imagenet.tfrecord_source(tfrecord_dir, False, _ctx(), num_classes=10)
   with pytest.raises(tf.errors.InvalidArgumentError, match="--num_classes"):
     list(ds)
 

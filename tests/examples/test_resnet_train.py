@@ -10,7 +10,9 @@ import pytest
 import tensorflow as tf
 
 import replicator
+from examples.resnet import checks
 from examples.resnet import data
+from examples.resnet import experiment as experiment_lib
 from examples.resnet import models
 from examples.resnet import schedule as schedule_lib
 from examples.resnet import train
@@ -33,8 +35,8 @@ TINY_RESNET = functools.partial(models.ResNet, [1, 1], [8, 16], models.BasicBloc
 
 
 def _experiment(repl, schedule=None, model_fn=TINY_RESNET, **kwargs):
-  return train.Experiment(repl, model_fn, num_classes=4,
-                          lr_schedule=schedule or _schedule(), **kwargs)
+  return experiment_lib.Experiment(repl, model_fn, num_classes=4,
+                                   lr_schedule=schedule or _schedule(), **kwargs)
 
 
 def _fixed_batches(seed=0):
@@ -255,20 +257,20 @@ def test_the_checkpoint_is_saved_before_the_evaluation_that_fails(tmp_path):
 def test_flag_errors_name_the_flag_and_value(flag, values, message):
   good = dict(global_batch_size=1024, eval_batch_size=None, epochs=90, warmup_epochs=5,
               eval_every_epochs=1, checkpoint_every_epochs=1, log_every_steps=100)
-  train.check_flags(**good)
+  checks.check_flags(**good)
   for value in values:
     with pytest.raises(ValueError, match=message.format(value)):
-      train.check_flags(**{**good, flag: value})
+      checks.check_flags(**{**good, flag: value})
 
 
 def test_batches_must_fit_the_replicas_and_the_data():
-  assert train.check_batches(16, 8, 2.0, 2, num_train_examples=40,
-                             dataset="image_folder") == 2  # 40 // 16
+  assert checks.check_batches(16, 8, 2.0, 2, num_train_examples=40,
+                              dataset="image_folder") == 2  # 40 // 16
   with pytest.raises(ValueError, match="--eval_batch_size: 3 images do not split evenly "
                      "over 2 replicas; pass a multiple of 2"):
-    train.check_batches(16, 3, 2.0, 2, 40, "image_folder")
+    checks.check_batches(16, 3, 2.0, 2, 40, "image_folder")
   with pytest.raises(ValueError, match="--global_batch_size: 16 is more than the 12 "
                      "training images of --dataset=image_folder"):
-    train.check_batches(16, 16, 2.0, 2, 12, "image_folder")
+    checks.check_batches(16, 16, 2.0, 2, 12, "image_folder")
   with pytest.raises(ValueError, match="--epochs: 0.1 epochs of 2 steps round to no step"):
-    train.check_batches(16, 16, 0.1, 2, 40, "image_folder")
+    checks.check_batches(16, 16, 0.1, 2, 40, "image_folder")
