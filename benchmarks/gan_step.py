@@ -21,9 +21,9 @@ import tensorflow as tf
 import replicator
 from benchmarks import common
 from examples.gan import configs
+from examples.gan import gan_trainer
 from examples.gan import losses
 from examples.gan import models
-from examples.gan import train as gan_train
 
 
 def _dataset(config, batch):
@@ -37,7 +37,7 @@ def _dataset(config, batch):
 
 def replicator_variant(config):
   repl = replicator.GpuReplicator()
-  trainer = gan_train.GanTrainer(config, repl)
+  trainer = gan_trainer.GanTrainer(config, repl)
   input_fn = lambda ctx: _dataset(config, ctx.per_replica_batch_size(config.global_batch_size))
 
   def call():

@@ -8,6 +8,7 @@ import pytest
 
 import replicator
 from examples.gan import configs
+from examples.gan import gan_trainer
 from examples.gan import sweep
 from examples.gan import train
 
@@ -75,7 +76,7 @@ def test_batch_that_does_not_split_over_the_replicas_says_the_fix():
   with pytest.raises(ValueError, match=r"global_batch_size: 6 does not split "
                      r"over 4 replicas\. Pass a --global_batch_size .* multiple "
                      r"of 4"):
-    train.GanTrainer(config, repl)
+    gan_trainer.GanTrainer(config, repl)
   repl.shutdown()
 
 

@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from examples.gan import metric_classifier
 from examples.gan import metrics
 
 
@@ -65,15 +66,17 @@ def _two_class_data(n, rng):
 def test_classifier_learns_is_cached_and_scores_real_data_well(tmp_path):
   rng = np.random.RandomState(4)
   train_data, test_data = _two_class_data(512, rng), _two_class_data(128, rng)
-  classifier = metrics.train_classifier(train_data, test_data, 2, epochs=3,
-                                        batch_size=64, cache_dir=str(tmp_path))
+  classifier = metric_classifier.train_classifier(
+      train_data, test_data, 2, epochs=3, batch_size=64,
+      cache_dir=str(tmp_path))
   (info,) = tmp_path.glob("*/classifier.json")
   assert json.loads(info.read_text())["test_accuracy"] == 1.0
-  restored = metrics.train_classifier(train_data, test_data, 2, epochs=3,
-                                      batch_size=64, cache_dir=str(tmp_path))
-  np.testing.assert_allclose(metrics.predict(restored, test_data[0])[1],
-                             metrics.predict(classifier, test_data[0])[1],
-                             rtol=1e-5)
+  restored = metric_classifier.train_classifier(
+      train_data, test_data, 2, epochs=3, batch_size=64,
+      cache_dir=str(tmp_path))
+  np.testing.assert_allclose(
+      metric_classifier.predict(restored, test_data[0])[1],
+      metric_classifier.predict(classifier, test_data[0])[1], rtol=1e-5)
   scorer = metrics.ClassifierMetrics(classifier, test_data[0])
   real = scorer(test_data[0], test_data[1])
   assert real["frechet_classifier_distance"] < 1e-6
@@ -100,12 +103,13 @@ def test_inception_metrics_load_a_weights_file_and_score(tmp_path):
 
 def test_docstring_examples_run():
   import doctest  # pylint: disable=g-import-not-at-top
-  results = doctest.testmod(metrics, extraglobs={"np": np})
-  assert results.attempted > 0 and results.failed == 0
+  for module in (metrics, metric_classifier):
+    results = doctest.testmod(module, extraglobs={"np": np})
+    assert results.attempted > 0 and results.failed == 0
 
 
 def _predictions(classifier, images):
-  return metrics.predict(classifier, images)[0]
+  return metric_classifier.predict(classifier, images)[0]
 
 
 def test_classifier_cache_is_keyed_on_the_training_data(tmp_path):
@@ -116,18 +120,20 @@ def test_classifier_cache_is_keyed_on_the_training_data(tmp_path):
   train_data, test_data = _two_class_data(256, rng), _two_class_data(64, rng)
   few = (train_data[0][:64], train_data[1][:64])
   kwargs = dict(epochs=1, batch_size=64)
-  metrics.train_classifier(few, test_data, 2, cache_dir=str(tmp_path), **kwargs)
-  cached = metrics.train_classifier(train_data, test_data, 2,
-                                    cache_dir=str(tmp_path), **kwargs)
-  oracle = metrics.train_classifier(train_data, test_data, 2, **kwargs)
+  metric_classifier.train_classifier(
+      few, test_data, 2, cache_dir=str(tmp_path), **kwargs)
+  cached = metric_classifier.train_classifier(
+      train_data, test_data, 2, cache_dir=str(tmp_path), **kwargs)
+  oracle = metric_classifier.train_classifier(
+      train_data, test_data, 2, **kwargs)
   np.testing.assert_allclose(_predictions(cached, test_data[0]),
                              _predictions(oracle, test_data[0]), atol=1e-6)
   entries = sorted(json.loads(p.read_text())["settings"]["num_train"]
                    for p in tmp_path.glob("*/classifier.json"))
   assert entries == [64, 256]
   # The second call for 256 examples restores the cached classifier.
-  again = metrics.train_classifier(train_data, test_data, 2,
-                                   cache_dir=str(tmp_path), **kwargs)
+  again = metric_classifier.train_classifier(
+      train_data, test_data, 2, cache_dir=str(tmp_path), **kwargs)
   np.testing.assert_array_equal(_predictions(again, test_data[0]),
                                 _predictions(cached, test_data[0]))
 
@@ -142,8 +148,9 @@ def test_classifier_cache_dir_changes_with_every_data_setting(change):
                 manual_dir=None, label_offset=0)
 
   def entry(config, data_kwargs, num_train):
-    settings = metrics.classifier_data_settings(config, data_kwargs, num_train)
-    return metrics.classifier_cache_dir("/cache", settings)
+    settings = metric_classifier.classifier_data_settings(
+        config, data_kwargs, num_train)
+    return metric_classifier.classifier_cache_dir("/cache", settings)
 
   base = entry(configs.SMALL, kwargs, 60_000)
   changed = dict(change)
@@ -158,8 +165,8 @@ def test_classifier_refuses_fewer_examples_than_one_batch(tmp_path):
   train_data, test_data = _two_class_data(40, rng), _two_class_data(16, rng)
   with pytest.raises(ValueError, match=r"40 training images, fewer than one "
                      r"batch \(64\).*--num_classifier_examples=64"):
-    metrics.train_classifier(train_data, test_data, 2, batch_size=64,
-                             cache_dir=str(tmp_path))
+    metric_classifier.train_classifier(
+        train_data, test_data, 2, batch_size=64, cache_dir=str(tmp_path))
   assert not list(tmp_path.iterdir())
 
 
@@ -169,21 +176,23 @@ def test_classifier_near_chance_is_refused_trained_or_cached(tmp_path):
   with pytest.raises(ValueError, match=r"test accuracy 0\.500 \(chance: 0\.500\)"
                      r".*--num_classifier_examples"):
     # Blank images: one class for all, exactly chance on balanced labels.
-    metrics.train_classifier(blank, blank, 2, batch_size=64,
-                             cache_dir=str(tmp_path))
+    metric_classifier.train_classifier(
+        blank, blank, 2, batch_size=64, cache_dir=str(tmp_path))
   assert not list(tmp_path.glob("*/classifier.json"))  # Nothing cached.
 
   train_data, test_data = _two_class_data(128, rng), _two_class_data(64, rng)
-  metrics.train_classifier(train_data, test_data, 2, batch_size=64, epochs=3,
-                           cache_dir=str(tmp_path))
+  metric_classifier.train_classifier(
+      train_data, test_data, 2, batch_size=64, epochs=3,
+      cache_dir=str(tmp_path))
   (info_path,) = tmp_path.glob("*/classifier.json")
   info = json.loads(info_path.read_text())
   assert info["test_accuracy"] == 1.0
   info_path.write_text(json.dumps({**info, "test_accuracy": 0.52}))
   with pytest.raises(ValueError, match=r"cache_dir: .*test accuracy 0\.520.*"
                      r"Delete that directory"):
-    metrics.train_classifier(train_data, test_data, 2, batch_size=64, epochs=3,
-                             cache_dir=str(tmp_path))
+    metric_classifier.train_classifier(
+        train_data, test_data, 2, batch_size=64, epochs=3,
+        cache_dir=str(tmp_path))
 
 
 def test_cached_classifier_for_other_images_is_refused_clearly(tmp_path):
@@ -191,17 +200,19 @@ def test_cached_classifier_for_other_images_is_refused_clearly(tmp_path):
   rng = np.random.RandomState(4)
   gray, test_gray = _two_class_data(128, rng), _two_class_data(64, rng)
   rgb = (np.tile(gray[0], [1, 1, 1, 3]), gray[1])
-  metrics.train_classifier(gray, test_gray, 2, batch_size=64, epochs=3,
-                           cache_dir=str(tmp_path / "a"))
+  metric_classifier.train_classifier(
+      gray, test_gray, 2, batch_size=64, epochs=3,
+      cache_dir=str(tmp_path / "a"))
   (gray_entry,) = (tmp_path / "a").iterdir()
   settings = json.loads((gray_entry / "classifier.json").read_text())["settings"]
-  rgb_entry = metrics.classifier_cache_dir(
+  rgb_entry = metric_classifier.classifier_cache_dir(
       str(tmp_path / "b"), {**settings, "image_shape": [8, 8, 3]})
   shutil.copytree(gray_entry, rgb_entry)  # As if copied by hand.
   with pytest.raises(ValueError, match=r"cache_dir: the cached metric classifier"
                      r" in .*\(image_shape: \[8, 8, 1\] there, \[8, 8, 3\] here"):
-    metrics.train_classifier(rgb, test_gray, 2, batch_size=64, epochs=3,
-                             cache_dir=str(tmp_path / "b"))
+    metric_classifier.train_classifier(
+        rgb, test_gray, 2, batch_size=64, epochs=3,
+        cache_dir=str(tmp_path / "b"))
   # Settings that match but weights that do not: no raw restore error either.
   info = json.loads((gray_entry / "classifier.json").read_text())
   info["settings"]["image_shape"] = [8, 8, 3]
@@ -209,5 +220,6 @@ def test_cached_classifier_for_other_images_is_refused_clearly(tmp_path):
       json.dumps(info))
   with pytest.raises(ValueError, match=r"cache_dir: .* does not restore into "
                      r"this classifier"):
-    metrics.train_classifier(rgb, test_gray, 2, batch_size=64, epochs=3,
-                             cache_dir=str(tmp_path / "b"))
+    metric_classifier.train_classifier(
+        rgb, test_gray, 2, batch_size=64, epochs=3,
+        cache_dir=str(tmp_path / "b"))

@@ -12,6 +12,8 @@ import tensorflow as tf
 import replicator
 from examples.gan import configs
 from examples.gan import data
+from examples.gan import gan_trainer
+from examples.gan import report
 from examples.gan import sweep
 from examples.gan import train
 
@@ -53,7 +55,7 @@ def test_imagenet128_at_reduced_width_trains_on_two_replicas(tmp_path):
 def test_every_replica_draws_different_noise():
   repl = replicator.MultiGpuReplicator(devices=_TWO_CPUS)
   config = configs.SMALL.replace(g_ch=2, d_ch=2, global_batch_size=4)
-  trainer = train.GanTrainer(config, repl, seed=3)
+  trainer = gan_trainer.GanTrainer(config, repl, seed=3)
   z, labels = repl.run(lambda: trainer._noise_and_labels(64))  # pylint: disable=protected-access
   assert z.shape == (2, 64, config.z_dim)
   assert np.abs(z[0] - z[1]).min() > 0  # Not one sample repeated per replica.
@@ -102,16 +104,16 @@ def _record(batch, seed, fcd):
 def test_summary_table_and_plots_show_the_spread_over_seeds(tmp_path):
   records = [_record(16, 0, 9.0), _record(16, 1, 11.0),
              _record(256, 0, 2.0), _record(256, 1, 3.0)]
-  summary = sweep.summarize(records)
+  summary = report.summarize(records)
   fcd = summary["16"]["frechet_classifier_distance"]
   assert fcd["values"] == [9.0, 11.0]
   assert (fcd["mean"], fcd["std"], fcd["min"], fcd["max"]) == (10.0, 1.0, 9.0, 11.0)
-  table = sweep.markdown_table(summary, records)
+  table = report.markdown_table(summary, records)
   assert "| 16 | 2 | 10 ± 1 [9, 11] |" in table
   assert table.index("| 16 |") < table.index("| 256 |")
-  sweep.plot_quality(summary, records, str(tmp_path))
-  sweep.plot_samples({16: np.zeros([4, 8, 8, 1]), 256: np.ones([4, 8, 8, 1])},
-                     str(tmp_path), "title")
+  report.plot_quality(summary, records, str(tmp_path))
+  report.plot_samples({16: np.zeros([4, 8, 8, 1]), 256: np.ones([4, 8, 8, 1])},
+                      str(tmp_path), "title")
   for name in ("quality_vs_batch_size.png", "quality_vs_steps.png",
                "samples_by_batch_size.png"):
     assert (tmp_path / name).stat().st_size > 1000
@@ -126,7 +128,7 @@ def _generator_step(devices, config, z, labels):
   near-zero gradients (biases before batch norm) up to full steps.
   """
   repl = replicator.MultiGpuReplicator(devices=devices)
-  trainer = train.GanTrainer(config, repl, seed=5)
+  trainer = gan_trainer.GanTrainer(config, repl, seed=5)
   with repl.context():
     trainer.g_optimizer = repl.wrap_optimizer(snt.optimizers.SGD(1.0))
 
@@ -175,16 +177,16 @@ def test_two_replicas_update_the_generator_like_one_device_by_default():
 def test_resumed_trainer_draws_the_noise_of_the_uninterrupted_run(tmp_path):
   config = configs.SMALL.replace(g_ch=1, d_ch=1, global_batch_size=4)
   repl = replicator.MultiGpuReplicator(devices=_TWO_CPUS)
-  trainer = train.GanTrainer(config, repl, seed=0)
-  checkpointer, _ = train.restore(trainer, str(tmp_path))
+  trainer = gan_trainer.GanTrainer(config, repl, seed=0)
+  checkpointer, _ = gan_trainer.restore(trainer, str(tmp_path))
   first = repl.run(lambda: trainer._noise_and_labels(3))  # pylint: disable=protected-access
   checkpointer.save(1)
   uninterrupted = repl.run(lambda: trainer._noise_and_labels(3))  # pylint: disable=protected-access
   repl.shutdown()
 
   repl = replicator.MultiGpuReplicator(devices=_TWO_CPUS)
-  resumed = train.GanTrainer(config, repl, seed=0)
-  train.restore(resumed, str(tmp_path))
+  resumed = gan_trainer.GanTrainer(config, repl, seed=0)
+  gan_trainer.restore(resumed, str(tmp_path))
   draw = repl.run(lambda: resumed._noise_and_labels(3))  # pylint: disable=protected-access
   repl.shutdown()
   for got, want, replayed in zip(draw, uninterrupted, first):
@@ -196,22 +198,22 @@ def test_checkpoint_without_the_noise_generator_still_restores(tmp_path, caplog)
   # Written before the noise generator was checkpointed.
   config = configs.SMALL.replace(g_ch=1, d_ch=1, global_batch_size=4)
   repl = replicator.MultiGpuReplicator(devices=["/cpu:0"])
-  old = train.GanTrainer(config, repl, seed=0)
+  old = gan_trainer.GanTrainer(config, repl, seed=0)
   old.step.assign(7)
   replicator.Checkpointer(
       str(tmp_path), generator=old.generator, discriminator=old.discriminator,
       g_optimizer=old.g_optimizer.optimizer,
       d_optimizer=old.d_optimizer.optimizer, step=old.step).save(7)
-  fresh = train.GanTrainer(config, repl, seed=0)
+  fresh = gan_trainer.GanTrainer(config, repl, seed=0)
   with caplog.at_level("WARNING"):
-    checkpointer, _ = train.restore(fresh, str(tmp_path))
+    checkpointer, _ = gan_trainer.restore(fresh, str(tmp_path))
   assert int(fresh.step.numpy()) == 7
   assert "holds no noise generator" in caplog.text
   fresh.step.assign(8)
   checkpointer.save(8)  # From now on with the noise generator.
-  again = train.GanTrainer(config, repl, seed=0)
+  again = gan_trainer.GanTrainer(config, repl, seed=0)
   caplog.clear()
   with caplog.at_level("WARNING"):
-    train.restore(again, str(tmp_path))
+    gan_trainer.restore(again, str(tmp_path))
   assert int(again.step.numpy()) == 8 and "noise" not in caplog.text
   repl.shutdown()
