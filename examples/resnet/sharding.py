@@ -26,10 +26,8 @@ def files_dataset(files, ctx, is_training):
   files = sorted(files)
   ds = tf.data.Dataset.from_tensor_slices(files)
   per_file = is_training and len(files) >= ctx.num_input_pipelines
-  if per_file:
-    ds = shard(ds, ctx)
-    if is_training:  # Not before sharding by example: every worker needs one order.
-      ds = ds.shuffle(len(files), reshuffle_each_iteration=True)
+  if per_file:  # (shuffled only here: sharding by example needs one order everywhere)
+    ds = shard(ds, ctx).shuffle(len(files), reshuffle_each_iteration=True)
   return ds, per_file
 
 
