@@ -184,11 +184,7 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
     iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
-    try:
-      self._sync_new_variables()
-    except tf.errors.OpError as error:
-      self._raise_if_worker_lost(error)
-      raise
+    self._sync_new_variables()
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       keras_compat.install()  # Keras may have been imported since the constructor
@@ -254,7 +250,7 @@ class Replicator:
   def _sync_new_variables(self):
     """Gives every worker the chief's initial values of new variables."""
     if self._peers is not None:
-      self._peers.sync_new_variables(self._factory.created)
+      self._peers.sync_new_variables(self._factory.created, self._steps_completed)
 
   def _check_dataset(self, dataset, input_fn):
     """Hook for subclasses that need stricter datasets (TPU: static shapes)."""

@@ -84,11 +84,11 @@ class Peers:
                              self._mesh.worker_addresses[worker],
                              type(error).__name__) from error
 
-  def sync_new_variables(self, created):
+  def sync_new_variables(self, created, steps_completed: int):
     """Gives every worker the chief's initial values of new variables.
 
     `created`: every replicated variable in creation order; those after the
-    previous call's are new.
+    previous call's are new. `steps_completed`: as for `merge`.
     """
     new = created[self._synced_variables:]
     self._synced_variables = len(created)
@@ -108,7 +108,11 @@ class Peers:
         for copy in variable.replicas:
           copy.assign(value)
 
-    sync()
+    try:
+      sync()
+    except tf.errors.OpError as error:
+      self.raise_if_lost(error, steps_completed)
+      raise
 
   def stop(self):
     """Stops watching the peers."""
