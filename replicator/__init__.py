@@ -17,12 +17,13 @@ from replicator.cluster import WorkerLost
 from replicator.reduce_options import AllReduceOptions
 from replicator.reduce_options import Compression
 from replicator.reduce_options import ReduceOp
-from replicator.context import InputContext
 from replicator.context import InputExhausted
 from replicator.gpu import GpuReplicator
 from replicator.gpu import MultiGpuReplicator
+from replicator.inputs import InputContext
 from replicator.inputs import allow_uneven_batches
 from replicator.inputs import pad_to_global_batch
+from replicator.inputs import skipped_by_input_fn
 from replicator.mesh import Mesh
 from replicator.optimizers import ReplicatedOptimizer
 from replicator.tpu import TpuReplicator
@@ -49,5 +50,6 @@ __all__ = (
     "allow_uneven_batches",
     "nn",
     "pad_to_global_batch",
+    "skipped_by_input_fn",
     "testing",
 )

@@ -238,28 +238,6 @@ class _Aborted(BaseException):
   """Unwinds a replica thread whose step trace was abandoned."""
 
 
-@dataclasses.dataclass(frozen=True)
-class InputContext:
-  """What `input_fn` needs to build this worker's part of the input.
-
-  >>> ctx = InputContext(num_input_pipelines=1, input_pipeline_id=0,
-  ...                    num_replicas_in_sync=4)
-  >>> ctx.per_replica_batch_size(256)
-  64
-  """
-  num_input_pipelines: int
-  input_pipeline_id: int
-  num_replicas_in_sync: int
-
-  def per_replica_batch_size(self, global_batch_size: int) -> int:
-    if global_batch_size % self.num_replicas_in_sync:
-      raise ValueError(
-          f"global_batch_size: {global_batch_size} is not divisible by the "
-          f"{self.num_replicas_in_sync} replicas; use a multiple of "
-          f"{self.num_replicas_in_sync}.")
-    return global_batch_size // self.num_replicas_in_sync
-
-
 def name_of(fn):
   """How errors name a user's function (its repr when it has no `__name__`)."""
   return getattr(fn, "__name__", fn)

@@ -92,10 +92,13 @@ class InputStreams:
   def _make_input(self, input_fn, check_dataset, expected_spec=None):
     if not callable(input_fn):
       raise TypeError(f"input_fn: expected a callable, got {input_fn!r}.")
-    ctx = context.InputContext(
+    key = self.key(input_fn)
+    self._claim_saved_positions(key)
+    taken = self._skip.get(key, 0)
+    ctx = inputs.InputContext(
         num_input_pipelines=self._mesh.num_workers,
         input_pipeline_id=self._mesh.worker_index,
-        num_replicas_in_sync=self._mesh.num_replicas)
+        num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
     dataset = input_fn(ctx)
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
@@ -103,19 +106,20 @@ class InputStreams:
           f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
     check_dataset(dataset, input_fn)
+    skipped = inputs.check_skipped_by_input_fn(dataset, ctx,
+                                               context.name_of(input_fn))
     if inputs.allows_uneven_batches(dataset):
       self._uneven_inputs.add(input_fn)
-    key = self.key(input_fn)
-    self._claim_saved_positions(key)
-    skip = self._skip.pop(key, 0)
-    if skip:  # resuming: each step took one element per local replica
-      dataset = dataset.skip(skip * self._mesh.devices_per_worker)
-      self._consumed[self.key(input_fn)] = skip
     if expected_spec is not None and dataset.element_spec != expected_spec:
       raise ValueError(
           f"input_fn: the dataset's element structure changed from "
           f"{expected_spec} to {dataset.element_spec}; the compiled step "
           "expects the first. Return the same structure on every call.")
+    if taken:  # resuming: each step took one element per local replica
+      del self._skip[key]
+      self._consumed[key] = taken
+      if not skipped:
+        dataset = dataset.skip(taken * self._mesh.devices_per_worker)
     with tf.device("/device:CPU:0"):
       return iter(dataset), dataset.element_spec
 

@@ -1,9 +1,13 @@
-"""Inputs whose batches are not all full.
+"""What `input_fn` is given, and inputs that need telling apart.
 
-A step runs only when every replica has a batch and all are one size, so a
-plain `ds.batch(b, drop_remainder=True)` loses the last examples of an
-evaluation set: `pad_to_global_batch` pads them instead and says which rows are
-real. `allow_uneven_batches` marks a dataset whose batch sizes vary on purpose.
+`InputContext` is `input_fn`'s argument: this worker's part of the input and,
+on a resumed job, how far the input had gone. A step runs only when every
+replica has a batch and all are one size, so a plain
+`ds.batch(b, drop_remainder=True)` loses the last examples of an evaluation
+set: `pad_to_global_batch` pads them instead and says which rows are real.
+`allow_uneven_batches` marks a dataset whose batch sizes vary on purpose,
+`skipped_by_input_fn` one that `input_fn` has already moved past the batches a
+checkpoint says were taken.
 """
 
 import math
@@ -11,7 +15,77 @@ from typing import Optional
 
 import tensorflow as tf
 
-from replicator.context import InputContext
+
+class InputContext:
+  """What `input_fn` needs to build this worker's part of the input.
+
+  When a job resumes from a checkpoint, `batches_taken` is how many of its
+  per-replica batches this worker's pipeline gave before it (0 in a new job).
+  Replicator skips them (`dataset.skip`, which still reads and preprocesses
+  every batch it skips: hours, deep into an ImageNet run). To skip them cheaply
+  instead, before decoding, read `ctx.batches_taken` in `input_fn`, skip there,
+  and return `replicator.skipped_by_input_fn(ds)`:
+
+  >>> def input_fn(ctx):
+  ...   batch_size = ctx.per_replica_batch_size(256)
+  ...   records = tf.data.Dataset.range(10**9)  # e.g. serialized images
+  ...   records = records.skip(ctx.batches_taken * batch_size)  # not decoded
+  ...   ds = records.map(lambda r: r * 2).batch(batch_size, drop_remainder=True)
+  ...   return skipped_by_input_fn(ds)
+  >>> ctx = InputContext(num_input_pipelines=1, input_pipeline_id=0,
+  ...                    num_replicas_in_sync=4, steps_taken=10)
+  >>> ctx.per_replica_batch_size(256)
+  64
+  >>> ctx.batches_taken  # each step took a batch for each of 4 local replicas
+  40
+  >>> int(next(iter(input_fn(ctx)))[0])  # the 2,561st record, doubled
+  5120
+
+  Args:
+    num_input_pipelines: the workers, one pipeline each.
+    input_pipeline_id: this worker's index.
+    num_replicas_in_sync: replicas over all workers.
+    steps_taken: steps run on this input before the checkpoint a job resumed
+      from (0 in a new job).
+  """
+
+  def __init__(self, num_input_pipelines: int, input_pipeline_id: int,
+               num_replicas_in_sync: int, *, steps_taken: int = 0):
+    self.num_input_pipelines = num_input_pipelines
+    self.input_pipeline_id = input_pipeline_id
+    self.num_replicas_in_sync = num_replicas_in_sync
+    self._steps_taken = steps_taken
+    self._position_read = False
+
+  def per_replica_batch_size(self, global_batch_size: int) -> int:
+    if global_batch_size % self.num_replicas_in_sync:
+      raise ValueError(
+          f"global_batch_size: {global_batch_size} is not divisible by the "
+          f"{self.num_replicas_in_sync} replicas; use a multiple of "
+          f"{self.num_replicas_in_sync}.")
+    return global_batch_size // self.num_replicas_in_sync
+
+  @property
+  def steps_taken(self) -> int:
+    """Steps run on this input before the checkpoint the job resumed from."""
+    self._position_read = True
+    return self._steps_taken
+
+  @property
+  def batches_taken(self) -> int:
+    """Per-replica batches this pipeline gave in `steps_taken` steps.
+
+    Each step takes one per local replica; on another topology than the
+    checkpoint's, that is this job's local replicas, as replicator's own skip
+    counts them (not the same examples: a warning says so).
+    """
+    local_replicas = self.num_replicas_in_sync // self.num_input_pipelines
+    return self.steps_taken * local_replicas
+
+  def __repr__(self):
+    return (f"InputContext(num_input_pipelines={self.num_input_pipelines}, "
+            f"input_pipeline_id={self.input_pipeline_id}, num_replicas_in_sync="
+            f"{self.num_replicas_in_sync}, steps_taken={self._steps_taken})")
 
 
 def pad_to_global_batch(dataset: tf.data.Dataset, ctx: InputContext,
@@ -116,3 +190,43 @@ def allow_uneven_batches(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 def allows_uneven_batches(dataset: tf.data.Dataset) -> bool:
   return getattr(dataset, _UNEVEN_MARK, False)
+
+
+_SKIPPED_MARK = "_replicator_skipped_by_input_fn"
+
+
+def skipped_by_input_fn(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  """Marks a dataset that starts after `ctx.batches_taken`; returns `dataset`.
+
+  Replicator then does not skip the batches a resumed job's checkpoint says
+  were taken: `input_fn` did, cheaply (see `InputContext`). `input_fn` must
+  read `ctx.batches_taken` (or `steps_taken`) when it returns a marked dataset,
+  and mark the dataset when it reads them, so that no batch is skipped twice
+  or not at all; `run` raises otherwise.
+  """
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError(f"dataset: expected a tf.data.Dataset, got {dataset!r}.")
+  setattr(dataset, _SKIPPED_MARK, True)
+  return dataset
+
+
+def check_skipped_by_input_fn(dataset: tf.data.Dataset, ctx: InputContext,
+                              input_name) -> bool:
+  """Whether `input_fn` skipped the taken batches itself; raises if half did."""
+  marked = getattr(dataset, _SKIPPED_MARK, False)
+  read = ctx._position_read  # pylint: disable=protected-access
+  if read and not marked:
+    raise ValueError(
+        f"input_fn: {input_name} read ctx.batches_taken (or steps_taken) but "
+        "returned a dataset not marked with replicator.skipped_by_input_fn, so "
+        "a resumed job would skip those batches twice (input_fn, then "
+        "replicator). If input_fn skips them, return "
+        "replicator.skipped_by_input_fn(ds); if not, do not read them.")
+  if marked and not read:
+    raise ValueError(
+        f"input_fn: {input_name} returned replicator.skipped_by_input_fn(ds) "
+        "without reading ctx.batches_taken, so a resumed job would start its "
+        "input from the beginning. Skip ctx.batches_taken per-replica batches "
+        "in input_fn (e.g. records.skip(ctx.batches_taken * batch_size) before "
+        "decoding), or return the dataset unmarked and replicator skips them.")
+  return marked

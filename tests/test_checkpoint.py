@@ -384,3 +384,55 @@ def test_a_saved_model_loaded_in_the_context_fine_tunes_as_on_one_device(name, t
     assert catalogue.norm_relative(got.numpy(), want.numpy()) < 1e-5, got.name
   assert catalogue.norm_relative(parameters[0].numpy(),
                                  tf.saved_model.load(str(tmp_path)).model._layers[0].w.numpy()) > 1e-3  # pylint: disable=protected-access
+
+
+def _records_input(decoded, skip_itself=True, mark=True):
+  """Records 0, 1, ... "decoded" (counted) after a skip that input_fn does itself."""
+  def decode(record):
+    decoded.append(int(record))
+    return record
+
+  def input_fn(ctx):
+    records = tf.data.Dataset.range(10_000)
+    if skip_itself:
+      records = records.skip(ctx.batches_taken * 2)  # before decoding: cheap
+    ds = records.map(lambda r: tf.ensure_shape(tf.py_function(decode, [r], tf.int64), []))
+    ds = ds.batch(2, drop_remainder=True)
+    return replicator.skipped_by_input_fn(ds) if mark else ds
+  return input_fn
+
+
+def test_an_input_fn_that_skips_the_taken_batches_itself_resumes_without_decoding_them(
+    tmp_path):
+  repl = catalogue.make("multi_gpu_2")
+  repl.run(lambda b: b, _records_input([]), steps=20)
+  want = repl.run(lambda b: b, _records_input([]), steps=21).numpy()  # uninterrupted
+  repl.shutdown()
+
+  def run_script():
+    return catalogue.make("multi_gpu_2"), replicator.Checkpointer(
+        tmp_path, counter=tf.Variable(0))
+
+  decoded = []
+  repl, checkpointer = run_script()
+  repl.run(lambda b: b, _records_input(decoded), steps=20)
+  checkpointer.save(step=20)
+  repl.shutdown()
+  repl, checkpointer = run_script()
+  checkpointer.restore_latest()
+  decoded.clear()
+  got = repl.run(lambda b: b, _records_input(decoded)).numpy()
+  np.testing.assert_array_equal(got, want)  # skipped once: by input_fn, not again
+  assert min(decoded) == want.min()  # the 80 records before were never decoded
+  repl.shutdown()
+
+
+@pytest.mark.parametrize("skip_itself, mark, says", [
+    (True, False, "skip those batches twice"),
+    (False, True, "start its input from the beginning")])
+def test_input_fn_must_read_the_taken_batches_and_mark_its_dataset_together(
+    skip_itself, mark, says):
+  repl = catalogue.make("gpu")
+  with pytest.raises(ValueError, match=f"input_fn: input_fn .*{says}"):
+    repl.run(lambda b: b, _records_input([], skip_itself, mark))  # a new job too
+  repl.shutdown()
