@@ -17,9 +17,11 @@ import gzip
 import os
 from typing import Callable, Optional, Tuple
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
+import replicator
 from examples.resnet import imagenet
 from examples.resnet import sharding
 
@@ -129,7 +131,15 @@ def make_input_fn(dataset: str, is_training: bool, global_batch_size: int,
     ds = ds.shuffle(shuffle_buffer).repeat()
     ds = ds.map(lambda x, y: (imagenet.preprocess_for_train(x, image_size), y),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    # The shuffles have no seed, so the batches taken before a checkpoint cannot be
+    # replayed: a resumed run starts a fresh shuffle rather than decode
+    # ctx.batches_taken batches only to drop them (replicator's own skip: hours, deep
+    # into an ImageNet run).
+    if ctx.batches_taken:
+      logging.info("Resumed after %d batches on this worker: the training input "
+                   "starts a fresh shuffle.", ctx.batches_taken)
+    return replicator.skipped_by_input_fn(ds)
 
   # Checkpoints record each input's position under its qualified name: the training
   # and the evaluation input must not share one.

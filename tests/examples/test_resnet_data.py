@@ -148,6 +148,16 @@ def _write_fashion_mnist(directory, num_train, num_test, seed):
     _write_idx(directory / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
 
 
+def test_resumed_imagenet_training_input_starts_a_fresh_shuffle(folder_dir):
+  """Unseeded shuffles cannot be replayed: no decoding of a billion batches to drop."""
+  train_fn = data.make_input_fn("image_folder", True, 3, folder_dir, IMAGE_SIZE)
+  ctx = replicator.InputContext(1, 0, 1, steps_taken=10**9)
+  ds = train_fn(ctx)
+  assert replicator.inputs.check_skipped_by_input_fn(ds, ctx, "train_fn")
+  images, _ = _collect(ds, num_batches=1)
+  assert images.shape == (3, IMAGE_SIZE, IMAGE_SIZE, 3)
+
+
 def test_fashion_mnist_from_idx_files(tmp_path):
   _write_fashion_mnist(tmp_path, num_train=12, num_test=5, seed=2)
   images, labels = data.load_fashion_mnist(str(tmp_path), is_training=False)
