@@ -16,17 +16,30 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
   `tf.nn.moments`), are summed over replicas with the example counts, so N
   replicas normalize exactly as one device with the whole global batch, per
   replica batches of different sizes (`replicator.allow_uneven_batches`)
-  included; elsewhere it is `snt.BatchNorm`. float16 and bfloat16 inputs get
-  their statistics in float32, as `tf.nn.moments` does.
+  included. Elsewhere (one replica, outside a step, moving statistics) it is
+  `snt.BatchNorm` to the bit, fused kernel included. float16 and bfloat16
+  inputs get their statistics in float32, as `tf.nn.moments` does (and
+  `snt.BatchNorm`'s fused kernel refuses rank-4 ones).
   """
+
+  def __call__(self, inputs: tf.Tensor, is_training, test_local_stats=False,
+               scale=None, offset=None):
+    self._initialize(inputs)
+    replica = context.current()
+    across_replicas = ((is_training or test_local_stats) and replica is not None
+                       and replica.group.num_replicas > 1)
+    # Elsewhere snt.BatchNorm's own path, fused kernel included: the same bits.
+    self._fused = self._fusable and not across_replicas
+    return super().__call__(inputs, is_training, test_local_stats, scale, offset)
 
   @snt.once
   def _initialize(self, inputs: tf.Tensor):
     super()._initialize(inputs)
     # snt.BatchNorm's fused kernel (rank 4, channels last) stores the unbiased
-    # variance in its moving average; keep that, with statistics of our own.
+    # variance in its moving average; keep that with statistics of our own. It
+    # takes float32 only: snt.BatchNorm fails on bfloat16 images, ours does not.
     self._unbiased_moving_variance = self._fused
-    self._fused = False
+    self._fusable = self._fused and inputs.dtype == tf.float32
 
   def _moments(self, inputs, use_batch_stats):
     replica = context.current()
@@ -48,7 +61,7 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
 
   def _update_statistics(self, mean, variance):
-    if self._unbiased_moving_variance:
+    if self._unbiased_moving_variance and not self._fused:  # fused: corrected
       correction = self._count / tf.maximum(self._count - 1, 1)
       variance = variance * tf.cast(correction, variance.dtype)
     super()._update_statistics(mean, variance)

@@ -40,6 +40,37 @@ def test_cross_replica_batch_norm_equals_batch_norm_on_the_global_batch(name):
       reference(tf.constant(data), is_training=False).numpy(), atol=2e-5)
 
 
+@pytest.mark.parametrize("rank", [2, 4])  # 4: snt.BatchNorm's fused kernel
+def test_cross_replica_batch_norm_on_one_replica_is_snt_batch_norm_to_the_bit(rank):
+  rng = np.random.RandomState(0)
+  data = tf.constant((rng.randn(8, 5, 5, 3) * 3 + 1).astype(np.float32))
+  data = data if rank == 4 else tf.reshape(data, [200, 3])
+  repl = catalogue.make("gpu")
+  with repl.context():
+    in_replicator = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.5)
+  alone = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.5)
+  reference = snt.BatchNorm(True, True, decay_rate=0.5)
+  for is_training in (True, True, False):
+    want = reference(data, is_training=is_training).numpy()
+    np.testing.assert_array_equal(alone(data, is_training=is_training).numpy(), want)
+    got = repl.run(lambda: in_replicator(data, is_training=is_training))  # pylint: disable=cell-var-from-loop
+    np.testing.assert_array_equal(got.numpy()[0], want)
+  for module in (alone, in_replicator):
+    np.testing.assert_array_equal(module.moving_variance.value.numpy(),
+                                  reference.moving_variance.value.numpy())
+  repl.shutdown()
+
+
+def test_cross_replica_batch_norm_takes_bfloat16_images_on_one_replica():
+  """snt.BatchNorm's fused kernel takes float32 only; ours normalizes bfloat16 too."""
+  data = tf.constant((np.random.RandomState(0).randn(8, 5, 5, 3) * 3 + 1).astype(np.float32))
+  half = replicator.nn.CrossReplicaBatchNorm(True, True)
+  got = half(tf.cast(data, tf.bfloat16), is_training=True)
+  want = snt.BatchNorm(True, True)(data, is_training=True)
+  assert got.dtype == tf.bfloat16
+  np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), want.numpy(), atol=0.05)
+
+
 @pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
 def test_cross_replica_batch_norm_gradients_equal_the_whole_batch(name):
   repl = catalogue.make(name)

@@ -32,14 +32,10 @@ class GanTrainer:
           "number of replicas (--num_cpu_devices) that divides it.")
     self.per_replica_batch_size = config.global_batch_size // repl.num_replicas
     tf.random.set_seed(seed)
-    # On one replica the batch already is the global batch; `snt.BatchNorm`'s
-    # fused kernel then keeps the one-device figures bit for bit (the
-    # cross-replica module's unfused statistics round differently).
-    cross_replica_bn = config.cross_replica_bn and repl.num_replicas > 1
     with repl.context():
       self.generator = models.Generator(
           config.g_ch, config.g_multipliers, config.num_classes,
-          config.image_channels, cross_replica_bn=cross_replica_bn)
+          config.image_channels, cross_replica_bn=config.cross_replica_bn)
       self.discriminator = models.Discriminator(
           config.d_ch, config.d_multipliers, config.d_downsample,
           config.num_classes)
