@@ -17,6 +17,8 @@ setuptools.setup(
         "tf": ["tensorflow>=2.16"],
         "tf-cpu": ["tensorflow-cpu>=2.16"],
         "test": ["pytest"],
-        "examples": ["matplotlib", "tensorflow-datasets"],
+        # TFDS imagenet2012 needs importlib_resources to prepare from the
+        # archives (--tfds_manual_dir, --manual_dir) and does not require it.
+        "examples": ["matplotlib", "tensorflow-datasets", "importlib_resources"],
     },
 )

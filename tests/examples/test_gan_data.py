@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import imagenet_archives
 import replicator
 from examples.gan import data
 
@@ -104,6 +105,18 @@ def test_mock_tfds_imagenet():
     x, y = _first(data.make_dataset("imagenet2012", resolution=16, channels=3), 4)
   assert x.shape == (4, 16, 16, 3) and x.min() >= -1 and x.max() <= 1
   assert y.dtype == np.int32 and np.all((y >= 0) & (y < 1000))
+
+
+def test_tfds_imagenet_prepared_from_the_archives_in_a_manual_dir(tmp_path):
+  pytest.importorskip("tensorflow_datasets")
+  manual_dir = imagenet_archives.write(tmp_path)
+  for split, labels in (("train", [0, 0, 0, 1, 1, 1]),
+                        ("test", imagenet_archives.VALIDATION_LABELS)):
+    x, y = _first(data.make_dataset("imagenet2012", split=split, resolution=8,
+                                    channels=3, data_dir=str(tmp_path / "tfds"),
+                                    manual_dir=manual_dir), len(labels))
+    assert x.shape == (len(labels), 8, 8, 3) and x.min() >= -1 and x.max() <= 1
+    assert sorted(y) == sorted(labels)
 
 
 def test_tfds_path_with_a_fake_builder(monkeypatch):

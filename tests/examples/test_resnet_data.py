@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import imagenet_archives
 import replicator
 from examples.resnet import checks
 from examples.resnet import data
@@ -130,6 +131,25 @@ def test_mock_tfds_imagenet(monkeypatch):
       batch = next(iter(input_fn(_ctx())))
       assert batch[0].shape == (4, IMAGE_SIZE, IMAGE_SIZE, 3)
       assert batch[1].dtype == tf.int32 and 0 <= batch[1].numpy().min() < 1000
+
+
+def test_tfds_imagenet_prepared_from_the_archives_in_a_manual_dir(tmp_path):
+  """--dataset=imagenet_tfds --tfds_manual_dir: TFDS prepares the ILSVRC2012 tars."""
+  pytest.importorskip("tensorflow_datasets")
+  manual_dir = imagenet_archives.write(tmp_path)
+  data_dir = str(tmp_path / "tfds")
+  info = data.dataset_info("imagenet_tfds", data_dir, IMAGE_SIZE,
+                           tfds_manual_dir=manual_dir)
+  assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (1000, 6, 4)
+  train_fn = data.make_input_fn("imagenet_tfds", True, 6, data_dir, IMAGE_SIZE,
+                                tfds_manual_dir=manual_dir)
+  images, labels = _collect(train_fn(_ctx()), num_batches=1)
+  assert images.shape == (6, IMAGE_SIZE, IMAGE_SIZE, 3)
+  assert sorted(labels) == sorted(list(imagenet_archives.TRAIN_LABELS.values()) * 3)
+  eval_fn = data.make_input_fn("imagenet_tfds", False, 2, data_dir, IMAGE_SIZE,
+                               tfds_manual_dir=manual_dir)
+  images, labels, weights = _collect(eval_fn(_ctx()))
+  assert sorted(labels[weights == 1]) == sorted(imagenet_archives.VALIDATION_LABELS)
 
 
 def _write_idx(path, array):
