@@ -131,23 +131,30 @@ class Checkpointer:
       if name in dropped or (_is_unique_name(name) and name not in kept):
         tf.io.gfile.remove(file)
 
-  def restore_latest(self) -> Optional[int]:
+  def restore_latest(self, *, allow_missing=()) -> Optional[int]:
     """Restores the newest complete checkpoint; returns its step (None if none).
 
     Variables that do not exist yet (modules built on first call, optimizer
     slots) get their values when they are created.
 
+    Args:
+      allow_missing: names given to the constructor that the checkpoint may
+        lack (state added to a script after the checkpoint was written): those
+        keep their values, with a warning.
+
     Raises:
-      ValueError: a name given to the constructor is not in the checkpoint,
-        or (on several workers, raised on every one) the workers do not see
-        the same newest checkpoint: the directory is not shared.
+      ValueError: a name given to the constructor is not in the checkpoint
+        (nor in `allow_missing`), or (on several workers, raised on every one)
+        the workers do not see the same newest checkpoint: the directory is
+        not shared.
     """
+    allow_missing = self._check_allow_missing(allow_missing)
     pointer = self._read_pointer()
     self._check_workers_agree(None if pointer is None else int(pointer["step"]))
     if pointer is None:
       return None
     path = os.path.join(self._directory, pointer["checkpoint"])
-    self._restoring = tf.train.Checkpoint(**self._matched(path))
+    self._restoring = tf.train.Checkpoint(**self._matched(path, allow_missing))
     self._restoring.read(path).expect_partial()  # unbuilt variables come later
     records = pointer.get("replicators")
     if records is None and "inputs" in pointer:  # written before several replicators
@@ -175,26 +182,41 @@ class Checkpointer:
         "every worker the same directory on storage they all see (a shared "
         "file system, or object storage such as gs://...).")
 
-  def _matched(self, path: str) -> dict:
+  def _check_allow_missing(self, allow_missing) -> frozenset:
+    names = [allow_missing] if isinstance(allow_missing, str) else allow_missing
+    if not isinstance(names, (list, tuple, set, frozenset)) or set(names) - set(
+        self._trackables):
+      raise ValueError(
+          f"allow_missing: expected names given to this Checkpointer "
+          f"({sorted(self._trackables)}), got {allow_missing!r}.")
+    return frozenset(names)
+
+  def _matched(self, path: str, allow_missing: frozenset) -> dict:
     """The trackables to restore from `path`, checked against what it holds."""
     reader = tf.train.load_checkpoint(path)
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     saved = {c.local_name: graph.nodes[c.node_id] for c in graph.nodes[0].children}
-    missing = sorted(set(self._trackables) - set(saved))
+    allowed = sorted((set(self._trackables) - set(saved)) & allow_missing)
+    if allowed:
+      logging.warning(
+          "replicator: the checkpoint %s has no %s (allow_missing); they keep "
+          "their values.", path, allowed)
+    missing = sorted(set(self._trackables) - set(saved) - allow_missing)
     if missing:
       raise ValueError(
           f"trackables: the checkpoint {path} has no {missing}; it holds "
           f"{sorted(saved)}. Pass the names it was saved with, e.g. "
-          f"Checkpointer(directory, {', '.join(f'{n}=...' for n in sorted(saved))}), "
-          "or save to another directory.")
+          f"Checkpointer(directory, {', '.join(f'{n}=...' for n in sorted(saved))}); "
+          f"restore_latest(allow_missing={missing}) if they were added to the "
+          "script after it was written; or save to another directory.")
     unused = sorted(set(saved) - set(self._trackables))
     if unused:
       logging.warning(
           "replicator: the checkpoint %s also holds %s, which nothing restores "
           "(this Checkpointer was given %s).", path, unused, sorted(self._trackables))
     return {name: _as_saved(trackable, saved[name])
-            for name, trackable in self._trackables.items()}
+            for name, trackable in self._trackables.items() if name in saved}
 
 
 def _as_saved(trackable, node):

@@ -158,6 +158,25 @@ def test_a_name_the_checkpoint_lacks_is_an_error(tmp_path, caplog):
   assert "also holds ['step'], which nothing restores" in caplog.text
 
 
+def test_names_allowed_missing_keep_their_values_and_the_rest_restores(tmp_path, caplog):
+  model = tf.Module()
+  model.w = tf.Variable(3.0)
+  replicator.Checkpointer(tmp_path, model=model).save(step=1)
+  model.w.assign(0.0)
+  added_later = tf.Variable(5.0)
+  checkpointer = replicator.Checkpointer(tmp_path, model=model, rng=added_later)
+  with pytest.raises(ValueError, match=r"allow_missing=\['rng'\]\) if they were added"):
+    checkpointer.restore_latest()
+  with caplog.at_level(logging.WARNING):
+    assert checkpointer.restore_latest(allow_missing=["rng"]) == 1
+  assert (float(model.w), float(added_later)) == (3.0, 5.0)
+  assert "has no ['rng'] (allow_missing)" in caplog.text
+  for wrong in ("net", ["model", "net"], 3):
+    with pytest.raises(ValueError, match=r"allow_missing: expected names given to "
+                       r"this Checkpointer \(\['model', 'rng'\]\)"):
+      checkpointer.restore_latest(allow_missing=wrong)
+
+
 @pytest.mark.parametrize("saved_wrapped", [True, False])
 def test_an_optimizer_saved_wrapped_restores_into_the_one_it_wraps_and_back(
     saved_wrapped, tmp_path):

@@ -6,7 +6,6 @@ generator and sampling steps that ``repl.run`` runs; `restore` checkpoints
 its state (the noise generator included) and resumes it.
 """
 
-from absl import logging
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
@@ -113,27 +112,13 @@ def restore(trainer: GanTrainer, directory: str):
   """A Checkpointer of the trainer's state, after restoring the latest checkpoint.
 
   The noise generator is saved too, so a resumed run draws the noise and fake
-  labels the uninterrupted run would have drawn, not those of step 1 again.
-  Returns the Checkpointer and the one that restored (kept alive until the
-  optimizer slots it restores are created).
+  labels the uninterrupted run would have drawn, not those of step 1 again; a
+  checkpoint written before it was saved restores the rest, and the noise
+  restarts from the seed (with a warning).
   """
-  state = dict(generator=trainer.generator, discriminator=trainer.discriminator,
-               g_optimizer=trainer.g_optimizer.optimizer,
-               d_optimizer=trainer.d_optimizer.optimizer, step=trainer.step)
-  checkpointer = replicator.Checkpointer(directory, rng=trainer.rng, **state)
-  try:
-    checkpointer.restore_latest()
-    return checkpointer, checkpointer
-  except ValueError as error:
-    # A checkpoint written before the noise generator was saved: the rest of
-    # the state restores; the noise restarts from the seed.
-    without_rng = replicator.Checkpointer(directory, **state)
-    try:
-      step = without_rng.restore_latest()
-    except ValueError:
-      raise error from None
-    logging.warning(
-        "%s holds no noise generator (written before it was checkpointed): "
-        "resumed at step %d with the noise and fake labels drawn again from "
-        "seed, as at step 1.", directory, step)
-    return checkpointer, without_rng
+  checkpointer = replicator.Checkpointer(
+      directory, generator=trainer.generator, discriminator=trainer.discriminator,
+      g_optimizer=trainer.g_optimizer.optimizer,
+      d_optimizer=trainer.d_optimizer.optimizer, step=trainer.step, rng=trainer.rng)
+  checkpointer.restore_latest(allow_missing=["rng"])
+  return checkpointer

@@ -112,8 +112,7 @@ def train(config: configs.GanConfig, repl: replicator.Replicator, *,
   """
   check_positive(log_every=log_every, checkpoint_every=checkpoint_every)
   trainer = gan_trainer.GanTrainer(config, repl, seed)
-  checkpointer, restorer = gan_trainer.restore(
-      trainer, os.path.join(workdir, "checkpoints"))
+  checkpointer = gan_trainer.restore(trainer, os.path.join(workdir, "checkpoints"))
   writer = tf.summary.create_file_writer(workdir) if repl.is_chief else None
   history, tick, first = [], time.time(), int(trainer.step.numpy())
   last = config.num_generator_steps
@@ -143,7 +142,6 @@ def train(config: configs.GanConfig, repl: replicator.Replicator, *,
   if writer:
     write_summaries(writer, last, {},
                     trainer.sample(np.arange(16) % config.num_classes))
-  del restorer  # Kept until here: it restores optimizer slots made on first use.
   return trainer, history
 
 
