@@ -8,7 +8,7 @@ authenticated: run them on a trusted network only.
 import itertools
 import threading
 import time
-from typing import Optional
+from typing import List, Optional
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
@@ -92,13 +92,20 @@ class CollectiveKeys:
     self.timeout_s = timeout_s
     self.group_key = group_key
     self.issued = 0  # keys given out by `next`
+    self._signatures = {}  # key -> what its collective carries
     self._checks = itertools.count(self._CHECK_KEYS)
     self._lock = threading.Lock()
 
-  def next(self) -> int:
+  def next(self, signature: str = "") -> int:
+    """A new key, for a collective of `signature` (its kind, dtype and shape)."""
     with self._lock:
       self.issued += 1
+      self._signatures[self.issued] = signature
       return self.issued
+
+  def signatures(self, after: int) -> List[str]:
+    """The signatures of the keys issued after key `after`, in order."""
+    return [self._signatures.get(key, "") for key in range(after + 1, self.issued + 1)]
 
   def next_check(self) -> int:
     with self._lock:

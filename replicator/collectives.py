@@ -55,13 +55,20 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
     return value
   return collective_ops.all_reduce_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=instance_key or workers.next(), merge_op=merge_op,
+      instance_key=instance_key or workers.next(_signature(merge_op, value)),
+      merge_op=merge_op,
       final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
+
+
+def _signature(kind: str, value: tf.Tensor) -> str:
+  """What workers must agree on for a collective: its kind, dtype, static shape."""
+  shape = value.shape.as_list() if value.shape.rank is not None else "[?]"
+  return f"{kind} {value.dtype.name}{shape}"
 
 
 def min_and_max_across_workers(value: tf.Tensor, workers,
                                instance_key: Optional[int] = None):
-  """The smallest and largest of the workers' scalar `value`s (one collective)."""
+  """The smallest and largest of the workers' `value`s (scalar or vector; one collective)."""
   both = across_workers(tf.stack([value, -value]), "Min", workers, instance_key)
   return both[0], -both[1]
 
@@ -102,7 +109,7 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
                       [workers.num_workers * value.shape[0]] + value.shape[1:])
   gathered = collective_ops.all_gather_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=workers.next(), communication_hint="ring",
+      instance_key=workers.next(_signature("Gather", value)), communication_hint="ring",
       timeout=workers.timeout_s)
   if value.shape.rank:  # the op loses the static shape that the build's stand-in had
     leading = None if value.shape[0] is None else value.shape[0] * workers.num_workers

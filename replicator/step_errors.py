@@ -7,6 +7,7 @@ found on the traced step, or recognized in TensorFlow's error, and explained in
 terms of step_fn.
 """
 
+import hashlib
 import re
 
 import tensorflow as tf
@@ -103,28 +104,45 @@ class ProgramsDiffer(ValueError):
 
 
 def check_same_program(step_fn, workers, device: str, issued_before: int):
-  """On several workers: raises unless every worker traced as many collectives.
+  """On several workers: raises unless every worker traced the same collectives.
 
   Workers whose step_fn took other Python branches (an extra collective on
   the chief, say) would pair collectives with different keys and wait for
-  each other forever; compared before the step first runs, they raise
-  `ProgramsDiffer`, with their keys aligned again for the steps that follow.
+  each other forever; collectives of different shapes or dtypes abort every
+  collective of the process for good. Compared (their number and a digest of
+  their kinds, dtypes and static shapes) before the step first runs, they
+  raise `ProgramsDiffer`, with their keys aligned again for the steps that
+  follow.
   """
-  traced = workers.issued - issued_before
+  signatures = workers.signatures(issued_before)
+  digest = hashlib.sha256("\n".join(signatures).encode()).digest()
+  mine = tf.constant([len(signatures), int.from_bytes(digest[:7], "big")], tf.int64)
   with tf.device(device):
-    fewest, most = (int(x) for x in collectives.min_and_max_across_workers(
-        tf.constant(traced, tf.int64), workers,
-        instance_key=workers.next_check()))
+    low, high = (x.numpy().tolist() for x in collectives.min_and_max_across_workers(
+        mine, workers, instance_key=workers.next_check()))
+  (fewest, _), (most, _) = low, high
   if fewest != most:
     workers.issued = issued_before + most
     raise ProgramsDiffer(
         f"step_fn: {context.name_of(step_fn)} traced "
-        f"{traced} cross-worker collective(s) on worker "
+        f"{len(signatures)} cross-worker collective(s) on worker "
         f"{workers.worker_index} and from {fewest} to {most} on the "
-        "workers, so they would wait for each other forever. Every worker must "
-        "run the same program: take the same Python branches in step_fn (branch "
-        "on tensors, not on the worker index), build the same models and call "
-        "run with the same step_fn, input_fn and args, in the same order.")
+        f"workers, so they would wait for each other forever. {_SAME_PROGRAM}")
+  if low != high:
+    listed = "; ".join(signatures[:8]) + ("; ..." if len(signatures) > 8 else "")
+    raise ProgramsDiffer(
+        f"step_fn: {context.name_of(step_fn)} traced collectives of other "
+        f"dtypes or shapes on other workers (this worker, "
+        f"{workers.worker_index}: {listed}); run, they would abort every "
+        f"collective of this process. {_SAME_PROGRAM} Static shapes must "
+        "agree too (batch with drop_remainder=True on every worker).")
+
+
+_SAME_PROGRAM = (
+    "Every worker must run the same program: take the same Python branches in "
+    "step_fn (branch on tensors, not on the worker index), build the same "
+    "models and call run with the same step_fn, input_fn and args, in the same "
+    "order.")
 
 
 # Ops that write a resource variable (their first input is its handle).

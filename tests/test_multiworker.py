@@ -299,6 +299,11 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     fewest, most = int(traced.group(2)), int(traced.group(3))
     assert most == fewest + 1 and int(traced.group(1)) == (most if w == 0 else fewest), out
     assert lines["THEN"] == "THEN [14.0, 14.0, 14.0]", out  # v: 6 after NUMERICS, then 7
+    # as many collectives but other shapes: the error, and collectives still work
+    assert (f"SHAPES step_fn: shapes_fn traced collectives of other dtypes or shapes "
+            f"on other workers (this worker, {w}: Min int64[2]; Add float32"
+            f"[{2 if w == 0 else 3}])") in lines["SHAPES"], out
+    assert lines["STILL"] == "STILL [16.0, 16.0, 16.0]", out
     # save waits for the chief: restore_latest right after finds its checkpoint
     assert lines["CKPT"] == "CKPT [1, 2]", out
     # unshared directories: an error on every worker, not two different states

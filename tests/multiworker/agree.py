@@ -73,6 +73,16 @@ def main():
   except ValueError as error:
     print(f"BRANCH {error}", flush=True)
   print(f"THEN {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
+
+  def shapes_fn():  # as many collectives, of another shape on the chief
+    return repl.all_sum(v.read_value()[:2] if worker == 0 else v.read_value())
+
+  try:  # run, it would abort every collective of both processes for good
+    repl.run(shapes_fn)
+    print("SHAPES ran", flush=True)
+  except ValueError as error:
+    print(f"SHAPES {error}", flush=True)
+  print(f"STILL {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
   print("DONE", flush=True)
 
 
