@@ -20,6 +20,8 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+import replicator
+
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
@@ -181,8 +183,11 @@ def make_source(dataset: str, *, split: str = "train", resolution: int = 32,
 
 def make_dataset(dataset: str, *, shuffle_buffer: int = 0, seed: int = 0,
                  repeat: bool = False, num_shards: int = 1, shard_index: int = 0,
-                 **source_kwargs) -> tf.data.Dataset:
-  """An unbatched dataset of ``(image float32 [H, W, C] in [-1, 1], label)``."""
+                 skip: int = 0, **source_kwargs) -> tf.data.Dataset:
+  """An unbatched dataset of ``(image float32 [H, W, C] in [-1, 1], label)``.
+
+  ``skip`` drops that many raw elements, before decoding them.
+  """
   raw, decode = make_source(dataset, **source_kwargs)
   if num_shards > 1:
     raw = raw.shard(num_shards, shard_index)
@@ -190,19 +195,28 @@ def make_dataset(dataset: str, *, shuffle_buffer: int = 0, seed: int = 0,
     raw = raw.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
   if repeat:
     raw = raw.repeat()
+  if skip:
+    raw = raw.skip(skip)
   return raw.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def make_input_fn(dataset: str, global_batch_size: int, *, seed: int = 0,
                   shuffle_buffer: int = 10_000, **source_kwargs):
-  """An ``input_fn`` for ``replicator.run``: per-replica batches, forever."""
+  """An ``input_fn`` for ``replicator.run``: per-replica batches, forever.
+
+  A resumed run skips the images its checkpoint's steps took before decoding
+  them (replicator's own skip would decode them all); the shuffle is seeded,
+  so it continues with the examples the uninterrupted run would have drawn,
+  in the same order (TFDS data excepted: TFDS shuffles its files unseeded).
+  """
   def input_fn(ctx):
-    return make_dataset(
+    batch_size = ctx.per_replica_batch_size(global_batch_size)
+    ds = make_dataset(
         dataset, shuffle_buffer=shuffle_buffer, seed=seed, repeat=True,
         num_shards=ctx.num_input_pipelines, shard_index=ctx.input_pipeline_id,
-        **source_kwargs,
-    ).batch(ctx.per_replica_batch_size(global_batch_size),
-            drop_remainder=True).prefetch(2)
+        skip=ctx.batches_taken * batch_size, **source_kwargs)
+    return replicator.skipped_by_input_fn(
+        ds.batch(batch_size, drop_remainder=True).prefetch(2))
   return input_fn
 
 

@@ -107,13 +107,12 @@ def test_mock_tfds_imagenet():
   assert y.dtype == np.int32 and np.all((y >= 0) & (y < 1000))
 
 
-def test_tfds_imagenet_prepared_from_the_archives_in_a_manual_dir(tmp_path):
-  pytest.importorskip("tensorflow_datasets")
-  manual_dir = imagenet_archives.write(tmp_path)
+def test_tfds_imagenet_prepared_from_the_archives_in_a_manual_dir(imagenet_manual_dir):
+  manual_dir, data_dir = imagenet_manual_dir
   for split, labels in (("train", [0, 0, 0, 1, 1, 1]),
                         ("test", imagenet_archives.VALIDATION_LABELS)):
     x, y = _first(data.make_dataset("imagenet2012", split=split, resolution=8,
-                                    channels=3, data_dir=str(tmp_path / "tfds"),
+                                    channels=3, data_dir=data_dir,
                                     manual_dir=manual_dir), len(labels))
     assert x.shape == (len(labels), 8, 8, 3) and x.min() >= -1 and x.max() <= 1
     assert sorted(y) == sorted(labels)
@@ -155,6 +154,21 @@ def test_input_fn_gives_per_replica_batches_of_its_shard():
   images, labels = next(iter(input_fn(ctx)))
   assert images.shape == (2, 8, 8, 1)
   np.testing.assert_array_equal(labels, [1, 3])  # Every other element.
+
+
+def test_a_resumed_input_continues_with_the_uninterrupted_run_s_batches():
+  """Seeded shuffle, images skipped before decoding: the same batches, cheaply."""
+  input_fn = data.make_input_fn("synthetic", 8, resolution=8, channels=1,
+                                num_classes=10, shuffle_buffer=64, seed=3)
+  # Worker 1 of 2, two replicas each: every step took 2 of its batches.
+  fresh = replicator.InputContext(2, 1, 4)
+  resumed = replicator.InputContext(2, 1, 4, steps_taken=3)
+  want = list(input_fn(fresh).take(8))[6:]
+  got = input_fn(resumed)
+  assert replicator.inputs.check_skipped_by_input_fn(got, resumed, "input_fn")
+  for (images, labels), (want_images, want_labels) in zip(got.take(2), want):
+    np.testing.assert_array_equal(labels, want_labels)
+    np.testing.assert_array_equal(images, want_images)
 
 
 def test_unknown_dataset_is_refused():

@@ -133,11 +133,9 @@ def test_mock_tfds_imagenet(monkeypatch):
       assert batch[1].dtype == tf.int32 and 0 <= batch[1].numpy().min() < 1000
 
 
-def test_tfds_imagenet_prepared_from_the_archives_in_a_manual_dir(tmp_path):
+def test_tfds_imagenet_prepared_from_the_archives_in_a_manual_dir(imagenet_manual_dir):
   """--dataset=imagenet_tfds --tfds_manual_dir: TFDS prepares the ILSVRC2012 tars."""
-  pytest.importorskip("tensorflow_datasets")
-  manual_dir = imagenet_archives.write(tmp_path)
-  data_dir = str(tmp_path / "tfds")
+  manual_dir, data_dir = imagenet_manual_dir
   info = data.dataset_info("imagenet_tfds", data_dir, IMAGE_SIZE,
                            tfds_manual_dir=manual_dir)
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples) == (1000, 6, 4)
