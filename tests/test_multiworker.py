@@ -28,12 +28,19 @@ def _results(tmp_path, workers=2):
   return [dict(np.load(tmp_path / f"worker{w}.npz")) for w in range(workers)]
 
 
+@pytest.fixture(scope="module")
+def two_by_two_trained(tmp_path_factory):
+  """One 2-worker x 2-device job that trains a model per optimizer."""
+  out = tmp_path_factory.mktemp("two_by_two")
+  code, log = _launch(out, "--optimizer", "sonnet_sgd,keras_adam", "--steps", "10")
+  assert code == 0, log
+  return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sonnet_sgd", "keras_adam"])
-def test_two_workers_of_two_devices_train_like_one_device(tmp_path, optimizer):
-  code, log = _launch(tmp_path, "--optimizer", optimizer, "--steps", "10")
-  assert code == 0, log
-  results = _results(tmp_path)
+def test_two_workers_of_two_devices_train_like_one_device(two_by_two_trained, optimizer):
+  results = _results(two_by_two_trained / optimizer)
   np.testing.assert_array_equal(results[0]["replica"], [0, 1])
   np.testing.assert_array_equal(results[1]["replica"], [2, 3])
   for key in results[0]:  # workers hold identical variables and losses

@@ -1,7 +1,7 @@
 """A worker of the multi-worker tests: trains the catalogue MLP, saves variables.
 
   python -m replicator.launch --workers 2 --devices-per-worker 2 -- \
-      python tests/multiworker/train_mlp.py --out DIR --optimizer sonnet_sgd
+      python tests/multiworker/train_mlp.py --out DIR --optimizer sonnet_sgd,keras_adam
 """
 
 import argparse
@@ -26,7 +26,8 @@ OPTIMIZERS = {"sonnet_sgd": lambda: snt.optimizers.SGD(0.1),
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", required=True)
-  parser.add_argument("--optimizer", default="sonnet_sgd")
+  parser.add_argument("--optimizer", default="sonnet_sgd",
+                      help="comma-separated: a model each, out/NAME/ each")
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--global_batch", type=int, default=32)
   parser.add_argument("--uneven", action="store_true",
@@ -37,10 +38,19 @@ def main():
   args = parser.parse_args()
 
   repl = replicator.MultiGpuReplicator()
+  names = args.optimizer.split(",")
+  for name in names:  # one job trains a model per optimizer, one after another
+    out = args.out if len(names) == 1 else os.path.join(args.out, name)
+    os.makedirs(out, exist_ok=True)
+    train(repl, args, OPTIMIZERS[name], out)
+
+
+def train(repl, args, make_optimizer, out_dir):
+  """Trains a new MLP with `make_optimizer()`; saves its variables in `out_dir`."""
   x, y = catalogue.classification_data()
   with repl.context():
     model = catalogue.mlp()
-    optimizer = repl.wrap_optimizer(OPTIMIZERS[args.optimizer]())
+    optimizer = repl.wrap_optimizer(make_optimizer())
 
   def input_fn(ctx):
     per_replica = ctx.per_replica_batch_size(args.global_batch)
@@ -86,7 +96,7 @@ def main():
     steps_done = error.steps_completed
     out = error.outputs
   repl.assert_replicas_in_sync(model.variables)
-  np.savez(os.path.join(args.out, f"worker{repl.mesh.worker_index}.npz"),
+  np.savez(os.path.join(out_dir, f"worker{repl.mesh.worker_index}.npz"),
            steps=steps_done, replica=out["replica"].numpy(),
            loss=out["loss"].numpy(), **initial,
            **{f"v{i}": v.numpy() for i, v in enumerate(model.variables)})
