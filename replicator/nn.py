@@ -25,12 +25,34 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
   def __call__(self, inputs: tf.Tensor, is_training, test_local_stats=False,
                scale=None, offset=None):
     self._initialize(inputs)
+    use_batch_stats = is_training or test_local_stats
     replica = context.current()
-    across_replicas = ((is_training or test_local_stats) and replica is not None
+    across_replicas = (use_batch_stats and replica is not None
                        and replica.group.num_replicas > 1)
-    # Elsewhere snt.BatchNorm's own path, fused kernel included: the same bits.
-    self._fused = self._fusable and not across_replicas
-    return super().__call__(inputs, is_training, test_local_stats, scale, offset)
+    # snt.BatchNorm's own path, fused kernel included (the same bits), unless
+    # the statistics are the global batch's, or the fused kernel's unbiased
+    # moving variance is due and the kernel refuses the dtype.
+    if not (across_replicas or (use_batch_stats and self._unbiased_moving_variance
+                                and not self._fused)):
+      return super().__call__(inputs, is_training, test_local_stats, scale, offset)
+    # Nothing per call is kept on `self`: the replicas are traced in threads
+    # that take turns at every collective, so one replica's second call would
+    # change what another's first is still using.
+    if self._create_scale and scale is not None:
+      raise ValueError("Cannot pass `scale` at call time if `create_scale=True`.")
+    if self._create_offset and offset is not None:
+      raise ValueError("Cannot pass `offset` at call time if `create_offset=True`.")
+    scale = self.scale if scale is None else scale
+    offset = self.offset if offset is None else offset
+    mean, variance, count = self._batch_moments(inputs, across_replicas)
+    out = tf.nn.batch_normalization(inputs, mean, variance, offset=offset, scale=scale,
+                                    variance_epsilon=self._eps)
+    if is_training:
+      if self._unbiased_moving_variance:
+        variance = variance * tf.cast(count / tf.maximum(count - 1, 1), variance.dtype)
+      self.moving_mean.update(mean)
+      self.moving_variance.update(variance)
+    return out
 
   @snt.once
   def _initialize(self, inputs: tf.Tensor):
@@ -39,29 +61,22 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     # variance in its moving average; keep that with statistics of our own. It
     # takes float32 only: snt.BatchNorm fails on bfloat16 images, ours does not.
     self._unbiased_moving_variance = self._fused
-    self._fusable = self._fused and inputs.dtype == tf.float32
+    self._fused = self._fused and inputs.dtype == tf.float32
 
-  def _moments(self, inputs, use_batch_stats):
-    replica = context.current()
-    num_replicas = replica.group.num_replicas if replica else 1
+  def _batch_moments(self, inputs, across_replicas: bool):
+    """`(mean, variance, count)` of this replica's batch, or of the global batch."""
     wide = tf.float32 if inputs.dtype in (tf.float16, tf.bfloat16) else inputs.dtype
     count = tf.cast(tf.size(inputs) // tf.shape(inputs)[self._channel_index], wide)
-    if not use_batch_stats or num_replicas == 1:
-      self._count = count
-      return super()._moments(inputs, use_batch_stats)
+    if not across_replicas:
+      mean, variance = tf.nn.moments(inputs, self._axis, keepdims=True)
+      return mean, variance, count
     x = tf.cast(inputs, wide)
-    total, self._count = replica_ops.all_reduce(
+    total, count = replica_ops.all_reduce(
         [tf.reduce_sum(x, self._axis, keepdims=True), count], ReduceOp.SUM)
-    mean = total / self._count
+    mean = total / count
     # No stop_gradient on the mean (tf.nn.moments has one): the backward pass
     # must reach this collective before the mean's on every replica.
     squares = tf.reduce_sum(tf.math.squared_difference(x, mean), self._axis,
                             keepdims=True)
-    variance = replica_ops.all_reduce(squares, ReduceOp.SUM) / self._count
-    return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
-
-  def _update_statistics(self, mean, variance):
-    if self._unbiased_moving_variance and not self._fused:  # fused: corrected
-      correction = self._count / tf.maximum(self._count - 1, 1)
-      variance = variance * tf.cast(correction, variance.dtype)
-    super()._update_statistics(mean, variance)
+    variance = replica_ops.all_reduce(squares, ReduceOp.SUM) / count
+    return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype), count

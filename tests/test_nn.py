@@ -71,6 +71,33 @@ def test_cross_replica_batch_norm_takes_bfloat16_images_on_one_replica():
   np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), want.numpy(), atol=0.05)
 
 
+@pytest.mark.parametrize("rank", [2, 4])
+def test_a_second_call_in_the_step_leaves_the_first_call_s_global_statistics(rank):
+  """Replicas are traced in turns: replica 0's second call (moving statistics)
+  ran while replica 1 was inside its first, and changed what it used (the
+  count: doubled variance; the fused kernel: an error)."""
+  rng = np.random.RandomState(0)
+  data = (rng.randn(8, 4, 4, 3) * [1.0, 2.0, 5.0] + [0.0, 1.0, -3.0]).astype(np.float32)
+  data[4:] += 3.0  # replicas' own statistics differ from the global batch's
+  data = data if rank == 4 else data.reshape(-1, 3)
+  repl = catalogue.make("multi_gpu_2")
+  with repl.context():
+    cross = replicator.nn.CrossReplicaBatchNorm(True, True)
+
+  def step_fn(x):
+    with_batch_stats = cross(x, is_training=False, test_local_stats=True)
+    cross(x, is_training=False)
+    return with_batch_stats
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(len(data) // 2)
+
+  got = repl.run(step_fn, input_fn).numpy().reshape(data.shape)
+  want = snt.BatchNorm(True, True)(tf.constant(data), False, test_local_stats=True)
+  np.testing.assert_allclose(got, want.numpy(), atol=2e-5)
+  repl.shutdown()
+
+
 @pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
 def test_cross_replica_batch_norm_gradients_equal_the_whole_batch(name):
   repl = catalogue.make(name)
