@@ -8,7 +8,7 @@ authenticated: run them on a trusted network only.
 import itertools
 import threading
 import time
-from typing import List, Optional
+from typing import Optional
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
@@ -96,16 +96,16 @@ class CollectiveKeys:
     self._checks = itertools.count(self._CHECK_KEYS)
     self._lock = threading.Lock()
 
-  def next(self, signature: str = "") -> int:
+  def next(self, signature=None) -> int:
     """A new key, for a collective of `signature` (its kind, dtype and shape)."""
     with self._lock:
       self.issued += 1
       self._signatures[self.issued] = signature
       return self.issued
 
-  def signatures(self, after: int) -> List[str]:
+  def signatures(self, after: int) -> list:
     """The signatures of the keys issued after key `after`, in order."""
-    return [self._signatures.get(key, "") for key in range(after + 1, self.issued + 1)]
+    return [self._signatures.get(key) for key in range(after + 1, self.issued + 1)]
 
   def next_check(self) -> int:
     with self._lock:

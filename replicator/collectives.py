@@ -60,10 +60,13 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
       final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
 
 
-def _signature(kind: str, value: tf.Tensor) -> str:
-  """What workers must agree on for a collective: its kind, dtype, static shape."""
-  shape = value.shape.as_list() if value.shape.rank is not None else "[?]"
-  return f"{kind} {value.dtype.name}{shape}"
+def _signature(kind: str, value: tf.Tensor):
+  """What workers must agree on for a collective: `(kind, dtype, static dims)`.
+
+  The dims are None where the rank is unknown, a dim None where it is.
+  """
+  dims = tuple(value.shape.as_list()) if value.shape.rank is not None else None
+  return kind, value.dtype.name, dims
 
 
 def min_and_max_across_workers(value: tf.Tensor, workers,

@@ -109,18 +109,17 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
   Workers whose step_fn took other Python branches (an extra collective on
   the chief, say) would pair collectives with different keys and wait for
   each other forever; collectives of different shapes or dtypes abort every
-  collective of the process for good. Compared (their number and a digest of
-  their kinds, dtypes and static shapes) before the step first runs, they
-  raise `ProgramsDiffer`, with their keys aligned again for the steps that
-  follow.
+  collective of the process for good. Compared before the step first runs
+  (their number and a digest of their kinds, dtypes and ranks; then their
+  static dims, where a dim unknown on a worker matches any), they raise
+  `ProgramsDiffer`, with their keys aligned again for the steps that follow.
   """
   signatures = workers.signatures(issued_before)
-  digest = hashlib.sha256("\n".join(signatures).encode()).digest()
-  mine = tf.constant([len(signatures), int.from_bytes(digest[:7], "big")], tf.int64)
-  with tf.device(device):
-    low, high = (x.numpy().tolist() for x in collectives.min_and_max_across_workers(
-        mine, workers, instance_key=workers.next_check()))
-  (fewest, _), (most, _) = low, high
+  kinds = "\n".join(f"{kind} {dtype} {None if dims is None else len(dims)}"
+                     for kind, dtype, dims in filter(None, signatures))
+  digest = int.from_bytes(hashlib.sha256(kinds.encode()).digest()[:7], "big")
+  (fewest, low_digest), (most, high_digest) = _min_and_max(
+      [len(signatures), digest], workers, device)
   if fewest != most:
     workers.issued = issued_before + most
     raise ProgramsDiffer(
@@ -128,14 +127,32 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
         f"{len(signatures)} cross-worker collective(s) on worker "
         f"{workers.worker_index} and from {fewest} to {most} on the "
         f"workers, so they would wait for each other forever. {_SAME_PROGRAM}")
-  if low != high:
-    listed = "; ".join(signatures[:8]) + ("; ..." if len(signatures) > 8 else "")
-    raise ProgramsDiffer(
-        f"step_fn: {context.name_of(step_fn)} traced collectives of other "
-        f"dtypes or shapes on other workers (this worker, "
-        f"{workers.worker_index}: {listed}); run, they would abort every "
-        f"collective of this process. {_SAME_PROGRAM} Static shapes must "
-        "agree too (batch with drop_remainder=True on every worker).")
+  dims = [d for _, _, ds in filter(None, signatures) for d in ds or ()]
+  if low_digest == high_digest and dims:  # the same number of dims everywhere
+    unknown_high, unknown_low = -1, 1 << 62  # a dim unknown here matches any
+    low, high = _min_and_max([unknown_low if d is None else d for d in dims]
+                             + [unknown_high if d is None else d for d in dims],
+                             workers, device)
+    if all(h == unknown_high or l == h
+           for l, h in zip(low[:len(dims)], high[len(dims):])):
+      return
+  elif low_digest == high_digest:
+    return
+  listed = [f"{kind} {dtype}{'[?]' if ds is None else list(ds)}"
+            for kind, dtype, ds in filter(None, signatures)]
+  raise ProgramsDiffer(
+      f"step_fn: {context.name_of(step_fn)} traced collectives of other "
+      f"dtypes or shapes on other workers (this worker, {workers.worker_index}: "
+      f"{'; '.join(listed[:8])}{'; ...' if len(listed) > 8 else ''}); run, they "
+      f"would abort every collective of this process. {_SAME_PROGRAM}")
+
+
+def _min_and_max(values, workers, device: str):
+  """The elementwise min and max of the workers' int `values` (one collective)."""
+  with tf.device(device):
+    low, high = collectives.min_and_max_across_workers(
+        tf.constant(values, tf.int64), workers, instance_key=workers.next_check())
+  return low.numpy().tolist(), high.numpy().tolist()
 
 
 _SAME_PROGRAM = (

@@ -311,6 +311,8 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
             f"on other workers (this worker, {w}: Min int64[2]; Add float32"
             f"[{2 if w == 0 else 3}])") in lines["SHAPES"], out
     assert lines["STILL"] == "STILL [16.0, 16.0, 16.0]", out
+    # a batch dim static on one worker and not the other: not another program
+    assert lines["MIXED"] == "MIXED [0.0, 1.0, 10.0, 11.0]", out
     # save waits for the chief: restore_latest right after finds its checkpoint
     assert lines["CKPT"] == "CKPT [1, 2]", out
     # unshared directories: an error on every worker, not two different states

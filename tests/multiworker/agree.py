@@ -83,6 +83,13 @@ def main():
   except ValueError as error:
     print(f"SHAPES {error}", flush=True)
   print(f"STILL {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
+
+  def mixed_input(ctx):  # batch size static on the chief only: one program still
+    ds = tf.data.Dataset.range(4).map(lambda i: tf.cast(i + 10 * worker, tf.float32))
+    return ds.batch(2, drop_remainder=worker == 0)
+
+  gathered = repl.run(lambda x: repl.all_gather(x), mixed_input)
+  print(f"MIXED {gathered.numpy()[0].tolist()}", flush=True)
   print("DONE", flush=True)
 
 
