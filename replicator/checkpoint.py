@@ -184,8 +184,9 @@ class Checkpointer:
 
   def _check_allow_missing(self, allow_missing) -> frozenset:
     names = [allow_missing] if isinstance(allow_missing, str) else allow_missing
-    if not isinstance(names, (list, tuple, set, frozenset)) or set(names) - set(
-        self._trackables):
+    if (not isinstance(names, (list, tuple, set, frozenset))
+        or not all(isinstance(n, str) for n in names)
+        or set(names) - set(self._trackables)):
       raise ValueError(
           f"allow_missing: expected names given to this Checkpointer "
           f"({sorted(self._trackables)}), got {allow_missing!r}.")

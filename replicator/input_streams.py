@@ -75,9 +75,9 @@ class InputStreams:
     if input_fn is None:
       return None, None
     if input_fn in self._restored:  # started before a restore: start it again
-      self._restored.discard(input_fn)
       self._inputs[input_fn] = self._make_input(input_fn, check_dataset,
                                                 self._inputs[input_fn][1])
+      self._restored.discard(input_fn)  # (only now: input_fn may raise)
     elif input_fn not in self._inputs:
       self._inputs[input_fn] = self._make_input(input_fn, check_dataset)
     return self._inputs[input_fn]
@@ -143,11 +143,16 @@ class InputStreams:
 
   def reset(self, input_fn: Callable, check_dataset: Callable):
     """Starts `input_fn`'s data again from the beginning (calls it anew)."""
-    self._consumed.pop(self.key(input_fn), None)
+    key, previous = self.key(input_fn), self._inputs.get(input_fn)
+    consumed = self._consumed.pop(key, None)
+    try:
+      self._inputs[input_fn] = self._make_input(input_fn, check_dataset,
+                                                previous[1] if previous else None)
+    except BaseException:  # the old iterator goes on: so does its position
+      if consumed is not None:
+        self._consumed[key] = consumed
+      raise
     self._restored.discard(input_fn)
-    previous = self._inputs.get(input_fn)
-    self._inputs[input_fn] = self._make_input(
-        input_fn, check_dataset, previous[1] if previous else None)
 
   def clear(self):
     """Drops every iterator (the replicator shuts down)."""

@@ -56,6 +56,7 @@ class InputContext:
     self.num_replicas_in_sync = num_replicas_in_sync
     self._steps_taken = steps_taken
     self._position_read = False
+    self._decided = False  # replicator has decided whether it skips
 
   def per_replica_batch_size(self, global_batch_size: int) -> int:
     if global_batch_size % self.num_replicas_in_sync:
@@ -67,9 +68,29 @@ class InputContext:
 
   @property
   def steps_taken(self) -> int:
-    """Steps run on this input before the checkpoint the job resumed from."""
+    """Steps run on this input before the checkpoint the job resumed from.
+
+    Read it in `input_fn` itself (a dataset that reads it later, a generator
+    say, reads it after replicator decided whether to skip: an error).
+    """
+    if self._decided:
+      raise RuntimeError(
+          "ctx.steps_taken / batches_taken: read after input_fn returned (in a "
+          "generator or a function the dataset calls later?), when replicator "
+          "had already decided whether it skips the batches taken. Read it in "
+          "input_fn itself and close over the number.")
     self._position_read = True
     return self._steps_taken
+
+  def __eq__(self, other):
+    return isinstance(other, InputContext) and self._fields() == other._fields()
+
+  def __hash__(self):
+    return hash(self._fields())
+
+  def _fields(self):
+    return (self.num_input_pipelines, self.input_pipeline_id,
+            self.num_replicas_in_sync, self._steps_taken)
 
   @property
   def batches_taken(self) -> int:
@@ -202,7 +223,9 @@ def skipped_by_input_fn(dataset: tf.data.Dataset) -> tf.data.Dataset:
   were taken: `input_fn` did, cheaply (see `InputContext`). `input_fn` must
   read `ctx.batches_taken` (or `steps_taken`) when it returns a marked dataset,
   and mark the dataset when it reads them, so that no batch is skipped twice
-  or not at all; `run` raises otherwise.
+  or not at all; `run` raises otherwise. `pad_to_global_batch(num_examples=)`
+  pads a whole evaluation set to its steps: skip its padded batches (after it),
+  not the examples before it.
   """
   if not isinstance(dataset, tf.data.Dataset):
     raise TypeError(f"dataset: expected a tf.data.Dataset, got {dataset!r}.")
@@ -215,6 +238,7 @@ def check_skipped_by_input_fn(dataset: tf.data.Dataset, ctx: InputContext,
   """Whether `input_fn` skipped the taken batches itself; raises if half did."""
   marked = getattr(dataset, _SKIPPED_MARK, False)
   read = ctx._position_read  # pylint: disable=protected-access
+  ctx._decided = True  # pylint: disable=protected-access
   if read and not marked:
     raise ValueError(
         f"input_fn: {input_name} read ctx.batches_taken (or steps_taken) but "
@@ -228,5 +252,6 @@ def check_skipped_by_input_fn(dataset: tf.data.Dataset, ctx: InputContext,
         "without reading ctx.batches_taken, so a resumed job would start its "
         "input from the beginning. Skip ctx.batches_taken per-replica batches "
         "in input_fn (e.g. records.skip(ctx.batches_taken * batch_size) before "
-        "decoding), or return the dataset unmarked and replicator skips them.")
+        "decoding; read it in input_fn itself, not in a generator the dataset "
+        "calls later), or return the dataset unmarked and replicator skips them.")
   return marked

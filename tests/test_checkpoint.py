@@ -171,7 +171,7 @@ def test_names_allowed_missing_keep_their_values_and_the_rest_restores(tmp_path,
     assert checkpointer.restore_latest(allow_missing=["rng"]) == 1
   assert (float(model.w), float(added_later)) == (3.0, 5.0)
   assert "has no ['rng'] (allow_missing)" in caplog.text
-  for wrong in ("net", ["model", "net"], 3):
+  for wrong in ("net", ["model", "net"], 3, [added_later]):
     with pytest.raises(ValueError, match=r"allow_missing: expected names given to "
                        r"this Checkpointer \(\['model', 'rng'\]\)"):
       checkpointer.restore_latest(allow_missing=wrong)
@@ -454,4 +454,46 @@ def test_input_fn_must_read_the_taken_batches_and_mark_its_dataset_together(
   repl = catalogue.make("gpu")
   with pytest.raises(ValueError, match=f"input_fn: input_fn .*{says}"):
     repl.run(lambda b: b, _records_input([], skip_itself, mark))  # a new job too
+  repl.shutdown()
+
+
+def test_input_fn_reading_the_position_after_it_returned_is_an_error():
+  def input_fn(ctx):  # the generator reads ctx when the iterator starts: too late
+    def records():
+      yield from range(ctx.batches_taken, 100)
+    return tf.data.Dataset.from_generator(
+        records, output_signature=tf.TensorSpec([], tf.int64)).batch(2)
+
+  repl = catalogue.make("gpu")
+  with pytest.raises(Exception, match="read after input_fn returned"):
+    repl.run(lambda b: b, input_fn)  # else a resumed job skips them twice
+  repl.shutdown()
+
+
+def test_an_input_fn_failing_after_a_restore_leaves_its_restart_for_the_retry(tmp_path):
+  failing = []
+
+  def input_fn(ctx):
+    if failing:
+      raise IOError(failing.pop())
+    return tf.data.Dataset.range(10_000).batch(2, drop_remainder=True)
+
+  repl = catalogue.make("multi_gpu_2")
+  checkpointer = replicator.Checkpointer(tmp_path, counter=tf.Variable(0))
+  repl.run(lambda b: b, input_fn, steps=3)
+  checkpointer.save(step=3)
+  repl.run(lambda b: b, input_fn, steps=2)
+  checkpointer.restore_latest()  # back at step 3 of a started input
+  failing.append("storage unavailable")
+  with pytest.raises(IOError):
+    repl.run(lambda b: b, input_fn)
+  np.testing.assert_array_equal(repl.run(lambda b: b, input_fn).numpy(),
+                                [[12, 13], [14, 15]])  # step 4, not step 6
+  assert list(repl.input_positions().values()) == [4]
+  failing.append("storage unavailable")
+  with pytest.raises(IOError):
+    repl.reset_input(input_fn)
+  assert list(repl.input_positions().values()) == [4]  # the old stream goes on
+  np.testing.assert_array_equal(repl.run(lambda b: b, input_fn).numpy(),
+                                [[16, 17], [18, 19]])
   repl.shutdown()

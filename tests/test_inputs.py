@@ -79,3 +79,11 @@ def test_misuse_gives_clear_errors():
     replicator.pad_to_global_batch(ds, one, 5)
   with pytest.raises(TypeError, match="dataset: expected a tf.data.Dataset"):
     replicator.pad_to_global_batch([1, 2], one, 4)
+
+
+def test_input_contexts_with_the_same_fields_are_equal():
+  one = replicator.InputContext(2, 1, 4, steps_taken=3)
+  assert one == replicator.InputContext(2, 1, 4, steps_taken=3)
+  assert hash(one) == hash(replicator.InputContext(2, 1, 4, steps_taken=3))
+  assert one != replicator.InputContext(2, 1, 4)
+  assert not one._position_read  # pylint: disable=protected-access
