@@ -198,12 +198,12 @@ class Checkpointer:
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     saved = {c.local_name: graph.nodes[c.node_id] for c in graph.nodes[0].children}
-    allowed = sorted((set(self._trackables) - set(saved)) & allow_missing)
-    if allowed:
+    absent = set(self._trackables) - set(saved)
+    if absent & allow_missing:
       logging.warning(
           "replicator: the checkpoint %s has no %s (allow_missing); they keep "
-          "their values.", path, allowed)
-    missing = sorted(set(self._trackables) - set(saved) - allow_missing)
+          "their values.", path, sorted(absent & allow_missing))
+    missing = sorted(absent - allow_missing)
     if missing:
       raise ValueError(
           f"trackables: the checkpoint {path} has no {missing}; it holds "
