@@ -84,6 +84,14 @@ class CollectiveKeys:
   """
 
   _CHECK_KEYS = 1 << 30  # the first key of the checks' range
+  # TensorFlow keeps the shape a collective first had under its key for the
+  # life of the process, and aborts every collective when a later call under
+  # the same key has another shape. A collective whose shape is known only at
+  # run time (a short last batch, uneven batches) takes its key at run time,
+  # one per shape, from a range of its own: `_SHAPES_PER_KEY` keys per key
+  # that `next` gave it, chosen by a hash of the shape.
+  _SHAPE_KEYS = 1 << 29
+  _SHAPES_PER_KEY = 1 << 10
 
   def __init__(self, num_workers: int, worker_index: int, timeout_s: float,
                group_key: int = 1):
@@ -102,6 +110,24 @@ class CollectiveKeys:
       self.issued += 1
       self._signatures[self.issued] = signature
       return self.issued
+
+  def key_for_shape(self, key: int, shape: tf.Tensor) -> tf.Tensor:
+    """The instance key, at run time, of collective `key` when of `shape`.
+
+    Two shapes share a key only if their hashes collide (then TensorFlow's
+    shape check stops the job: an error, not wrong numbers).
+    """
+    if key >= (self._CHECK_KEYS - self._SHAPE_KEYS) // self._SHAPES_PER_KEY:
+      raise RuntimeError(
+          f"cluster: {key} collectives were traced in this process, more than "
+          "the instance keys of collectives of run-time shapes allow; a step "
+          "retraced on every call (a Python value that changes in its "
+          "arguments, say) is the usual cause.")
+    dims = tf.cast(shape, tf.int64)
+    weights = tf.cast(1000003, tf.int64) ** tf.range(tf.size(dims, out_type=tf.int64))
+    mixed = tf.reduce_sum(dims * weights) * 2654435761  # wraps: a hash
+    bucket = tf.math.floormod(tf.bitwise.right_shift(mixed, 20), self._SHAPES_PER_KEY)
+    return tf.cast(self._SHAPE_KEYS + key * self._SHAPES_PER_KEY + bucket, tf.int32)
 
   def signatures(self, after: int) -> list:
     """The signatures of the keys issued after key `after`, in order."""

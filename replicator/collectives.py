@@ -20,7 +20,7 @@ from replicator.reduce_options import check_reducible
 from replicator.reduce_options import ReduceOp
 
 
-def _spread(value: tf.Tensor, devices: Sequence[str]) -> List[tf.Tensor]:
+def spread(value: tf.Tensor, devices: Sequence[str]) -> List[tf.Tensor]:
   out = []
   for device in devices:
     with tf.device(device):
@@ -28,7 +28,7 @@ def _spread(value: tf.Tensor, devices: Sequence[str]) -> List[tf.Tensor]:
   return out
 
 
-def _dense(value):
+def dense(value):
   if isinstance(value, tf.IndexedSlices):
     return tf.convert_to_tensor(value)
   return value
@@ -55,9 +55,17 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
     return value
   return collective_ops.all_reduce_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=instance_key or workers.next(_signature(merge_op, value)),
+      instance_key=instance_key or _instance_key(merge_op, value, workers),
       merge_op=merge_op,
       final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
+
+
+def _instance_key(kind: str, value: tf.Tensor, workers):
+  """A new collective's instance key: a tensor where its shape is not static."""
+  key = workers.next(_signature(kind, value))
+  if value.shape.is_fully_defined():
+    return key
+  return workers.key_for_shape(key, tf.shape(value))
 
 
 def _signature(kind: str, value: tf.Tensor):
@@ -86,38 +94,56 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   collective between workers.
   """
   if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
-    return _spread(_sum_wide(parts, devices[0], workers), devices)
+    return spread(_sum_wide(parts, devices[0], workers), devices)
   if _on_gpus(devices) and (workers is None or workers.num_workers == 1):
     return nccl_ops.all_sum(_on_devices(tf.identity, parts, devices))
   with tf.device(devices[0]):
     total = parts[0] if len(parts) == 1 else tf.add_n(parts)
     total = across_workers(total, "Add", workers)
-  return _spread(total, devices)
+  return spread(total, devices)
 
 
 
 def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
-  """Every worker's `value` concatenated along axis 0, in worker order."""
+  """Every worker's `value` concatenated along axis 0, in worker order.
+
+  Every worker's `value` must have the same shape (`gathering` pads parts
+  that differ).
+  """
   if workers is None or workers.num_workers == 1:
     return value
   if isinstance(workers, StandInWorkers):
     return tf.concat([value] * workers.num_workers, 0)
+  if value.dtype == tf.bool:  # nor booleans: 0/1 integers between workers
+    return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), tf.bool)
   if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
-    flat = tf.reshape(value, [-1])
-    odd = flat.shape[0] % 2
-    pairs = tf.reshape(tf.pad(flat, [[0, odd]]), [-1, 2])
-    words = gather_workers(tf.bitcast(pairs, tf.int32), workers)
-    halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [workers.num_workers, -1])
-    return tf.reshape(halves[:, :flat.shape[0]],
-                      [workers.num_workers * value.shape[0]] + value.shape[1:])
+    return _gather_bfloat16(value, workers)
   gathered = collective_ops.all_gather_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=workers.next(_signature("Gather", value)), communication_hint="ring",
+      instance_key=_instance_key("Gather", value, workers), communication_hint="ring",
       timeout=workers.timeout_s)
-  if value.shape.rank:  # the op loses the static shape that the build's stand-in had
-    leading = None if value.shape[0] is None else value.shape[0] * workers.num_workers
+  return _leading_times(gathered, value, workers.num_workers)
+
+
+def _leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
+  """`gathered` given the static shape the op loses: `value`'s, axis 0 x workers."""
+  if value.shape.rank:
+    leading = None if value.shape[0] is None else value.shape[0] * num_workers
     gathered.set_shape([leading] + value.shape[1:])
   return gathered
+
+
+def _gather_bfloat16(value: tf.Tensor, workers) -> tf.Tensor:
+  """`gather_workers` of bfloat16 values, as pairs bitcast to int32 words."""
+  flat = tf.reshape(value, [-1])
+  size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
+  pairs = tf.reshape(tf.pad(flat, [[0, size % 2]]), [-1, 2])
+  words = gather_workers(tf.bitcast(pairs, tf.int32), workers)
+  halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [workers.num_workers, -1])
+  shape = tf.shape(value)
+  gathered = tf.reshape(halves[:, :size],
+                        tf.concat([[workers.num_workers * shape[0]], shape[1:]], 0))
+  return _leading_times(gathered, value, workers.num_workers)
 
 
 def _sum_wide(parts, device, workers) -> tf.Tensor:
@@ -152,15 +178,6 @@ def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
   return tf.cast(total, dtype) / tf.cast(num_replicas, dtype)
 
 
-def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
-  """A replica's part of an all-gather: scalars become vectors of one."""
-  if part.shape.rank != 0:
-    return part
-  if axis not in (0, -1):
-    raise ValueError(f"axis: all_gather of scalars takes axis 0, got {axis}.")
-  return tf.reshape(part, [1])
-
-
 def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                devices: Sequence[str],
                options: AllReduceOptions = AllReduceOptions(),
@@ -171,7 +188,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
   workers' replicas; `num_replicas` is then the job's total.
   """
   num_replicas = num_replicas or len(values)
-  values = [[_dense(v) for v in replica] for replica in values]
+  values = [[dense(v) for v in replica] for replica in values]
   first = values[0]
   if not first:
     return [[] for _ in values]
@@ -231,33 +248,8 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
           total = across_workers(tf.cast(total, tf.int32), merge_op, workers) > 0
         else:
           total = across_workers(total, merge_op, workers)
-        for r, spread in enumerate(_spread(total, devices)):
-          results[r][index] = spread
-  return results
-
-
-def all_gather(values: List[List[tf.Tensor]], axis: int,
-               devices: Sequence[str], workers=None) -> List[List[tf.Tensor]]:
-  """Concatenates matching tensors of all replicas along `axis`, in replica order.
-
-  Across workers every worker's part must have the same shape. Scalars are
-  gathered into a vector.
-  """
-  results = [[None] * len(values[0]) for _ in values]
-  with tf.device(devices[0]):
-    for index in range(len(values[0])):
-      gathered = tf.concat([gather_part(_dense(r[index]), axis) for r in values],
-                           axis=axis)
-      if workers is not None and workers.num_workers > 1:
-        rank = gathered.shape.rank
-        axis_index = axis % rank
-        order = [axis_index] + [d for d in range(rank) if d != axis_index]
-        front = tf.transpose(gathered, order) if axis_index else gathered
-        front = gather_workers(front, workers)
-        inverse = [order.index(d) for d in range(rank)]
-        gathered = tf.transpose(front, inverse) if axis_index else front
-      for r, spread in enumerate(_spread(gathered, devices)):
-        results[r][index] = spread
+        for r, copy in enumerate(spread(total, devices)):
+          results[r][index] = copy
   return results
 
 
@@ -273,17 +265,17 @@ def broadcast(values: List[List[tf.Tensor]], source_replica: int,
   results = [[None] * len(values[0]) for _ in values]
   for index in range(len(values[0])):
     if workers is None or workers.num_workers == 1:
-      value = _dense(values[local][index])
+      value = dense(values[local][index])
     else:  # the source's worker contributes its value, the others zeros
       with tf.device(devices[0]):
         mine = 0 <= local < len(values)
-        value = _dense(values[local if mine else 0][index])
+        value = dense(values[local if mine else 0][index])
         if not mine:
           value = tf.zeros_like(value)
         if value.dtype.is_bool:
           value = tf.cast(across_workers(tf.cast(value, tf.int32), "Add", workers), tf.bool)
         else:
           value = across_workers(value, "Add", workers)
-    for r, spread in enumerate(_spread(value, devices)):
-      results[r][index] = spread
+    for r, copy in enumerate(spread(value, devices)):
+      results[r][index] = copy
   return results

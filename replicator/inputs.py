@@ -201,7 +201,8 @@ def allow_uneven_batches(dataset: tf.data.Dataset) -> tf.data.Dataset:
   `input_fn` when sizes vary on purpose (batches bucketed by sequence length,
   say) and weight the loss yourself: divide each replica's summed loss by the
   global count, `repl.all_sum(count)`, and reduce gradients with
-  `wrap_optimizer(..., gradient_reduction=ReduceOp.SUM)`.
+  `wrap_optimizer(..., gradient_reduction=ReduceOp.SUM)`. `repl.all_gather`
+  concatenates parts of any sizes along its axis, on one worker or several.
   """
   if not isinstance(dataset, tf.data.Dataset):
     raise TypeError(f"dataset: expected a tf.data.Dataset, got {dataset!r}.")

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from replicator import collectives
 from replicator import context
+from replicator import gathering
 from replicator import reduce_options
 
 
@@ -122,17 +123,22 @@ def all_gather(value, axis: int = 0):
     del ys
     # Each replica's part of the gathered gradient starts after the earlier
     # replicas' parts, whose sizes may differ (allow_uneven_batches).
-    parts = [collectives.gather_part(x, axis) for x in xs]
-    if all(part.shape.rank and part.shape[axis] is not None for part in parts):
+    parts = [gathering.gather_part(x, axis) for x in xs]
+    workers = replica.group.workers
+    one_trace = workers is None or workers.num_workers == 1
+    if one_trace and all(part.shape.rank and part.shape[axis] is not None
+                         for part in parts):
       # Static sizes are every replica's (one trace): no collective needed.
+      # Other workers' sizes may be static where these are not: every worker
+      # takes the collective below.
       sizes = [part.shape[axis] for part in parts]
       starts = [size * replica.replica_id for size in sizes]
     else:
       sizes = [tf.shape(part)[axis] for part in parts]
       all_sizes = replica.collective(
           "the part sizes of all_gather", sizes,
-          lambda values: collectives.all_gather(
-              values, 0, replica.group.devices, workers=replica.group.workers))
+          lambda values: gathering.all_gather(
+              values, 0, replica.group.devices, workers=workers))
       starts = [tf.reduce_sum(every[:replica.replica_id]) for every in all_sizes]
     grads = []
     for x, summed_dy, size, start in zip(xs, summed_dys, sizes, starts):
@@ -143,9 +149,9 @@ def all_gather(value, axis: int = 0):
 
   return _collective(
       "all_gather", value,
-      lambda values, group: collectives.all_gather(
+      lambda values, group: gathering.all_gather(
           values, axis, group.devices, workers=group.workers), grad,
-      lambda flat: [collectives.gather_part(t, axis) for t in flat])
+      lambda flat: [gathering.gather_part(t, axis) for t in flat])
 
 
 def broadcast(value, source_replica: int = 0):

@@ -18,6 +18,7 @@ from tensorflow.python.trackable import base as trackable
 
 from replicator import collectives
 from replicator import context
+from replicator import gathering
 from replicator import reduce_options
 from replicator import variable_registry
 
@@ -263,8 +264,8 @@ class ReplicatedVariable(tf.Variable):
           parts, 0, group.devices, group.num_replicas, group.first_replica_id,
           group.workers)
     else:
-      merge = lambda parts: collectives.all_gather(parts, 0, group.devices,
-                                                   group.workers)
+      merge = lambda parts: gathering.all_gather(parts, 0, group.devices,
+                                                 group.workers)
     indices, values = replica.collective(
         f"a {method} of variable {self.name}",
         [tf.convert_to_tensor(indices), tf.convert_to_tensor(values, self.dtype)],

@@ -10,7 +10,7 @@ LAYERS = {
     "_tf_check": 0, "mesh": 0,
     "cluster": 1, "packing": 1, "reduce_options": 1,
     "collectives": 2,
-    "context": 3, "peers": 3, "variable_registry": 3,
+    "context": 3, "gathering": 3, "peers": 3, "variable_registry": 3,
     "variables": 4, "replica_ops": 4, "inputs": 4, "resume": 4,
     "randomness": 5, "nested_functions": 5, "optimizers": 5,
     "step_args": 5, "step_errors": 5, "step_fetch": 5,

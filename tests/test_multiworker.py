@@ -83,6 +83,18 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       np.testing.assert_array_equal(got["gather_loop"][r], np.concatenate(x, 0))
       np.testing.assert_array_equal(got["gather1"][r], np.concatenate(i, 1))
       np.testing.assert_array_equal(got["broadcast"][r], x[n - 1])
+      # Step 2 of the uneven input: parts of 2, 1, 1 and 1 elements.
+      parts = [np.array(b, np.float32) for w in range(2)
+               for b in worker.uneven_batches(w)[2:]]
+      gathered = np.concatenate(parts)
+      np.testing.assert_array_equal(got["uneven_gathered"][r], gathered)
+      np.testing.assert_array_equal(got["uneven_bf16"][r], gathered)
+      np.testing.assert_array_equal(got["uneven_bool"][r], gathered > 100.5)
+      # Each of the 4 replicas' losses weighs replica r's part by its positions.
+      start = sum(len(p) for p in parts[:2 * w + r])
+      part = parts[2 * w + r]
+      weights = 1.0 + np.arange(start, start + len(part))
+      np.testing.assert_allclose(got["uneven_dw"][r], n * (part * weights).sum())
       scale = np.abs(x).sum(0)
       for j, factor in enumerate([1, 2]):
         # bfloat16 on the wire: 4 values and 3 sums rounded (2**-8 each) ...
@@ -313,6 +325,9 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["STILL"] == "STILL [16.0, 16.0, 16.0]", out
     # a batch dim static on one worker and not the other: not another program
     assert lines["MIXED"] == "MIXED [0.0, 1.0, 10.0, 11.0]", out
+    # ... whose size then differs at run time: an error on each, no abort
+    assert lines["STATIC"] == "STATIC True", out
+    assert lines["AGAIN"] == "AGAIN [18.0, 18.0, 18.0]", out
     # save waits for the chief: restore_latest right after finds its checkpoint
     assert lines["CKPT"] == "CKPT [1, 2]", out
     # unshared directories: an error on every worker, not two different states

@@ -90,6 +90,17 @@ def main():
 
   gathered = repl.run(lambda x: repl.all_gather(x), mixed_input)
   print(f"MIXED {gathered.numpy()[0].tolist()}", flush=True)
+
+  def static_on_chief(ctx):  # static 2 on the chief; 2, then 1 on the other
+    ds = tf.data.Dataset.range(4 - worker).map(lambda i: tf.cast(i, tf.float32))
+    return replicator.allow_uneven_batches(ds.batch(2, drop_remainder=worker == 0))
+
+  try:  # a static size that the other worker's batch does not have
+    repl.run(lambda x: repl.all_gather(x), static_on_chief, steps=2)
+    print("STATIC ran", flush=True)
+  except tf.errors.InvalidArgumentError as error:
+    print(f"STATIC {'has a static size on some worker' in str(error)}", flush=True)
+  print(f"AGAIN {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
   print("DONE", flush=True)
 
 

@@ -25,6 +25,22 @@ def value(replica: int, dtype=np.float32) -> np.ndarray:
   return (base * (replica + 1) + 0.25 * replica).astype(dtype)
 
 
+def uneven_batches(worker: int):
+  """Worker `worker`'s batches for `uneven_input`: two steps of two replicas."""
+  if worker == 0:
+    return [[0, 1], [2, 3], [4, 5], [6]]
+  return [[100, 101], [102, 103], [104], [105]]
+
+
+def uneven_input(worker: int):
+  def input_fn(ctx):
+    del ctx
+    batches = uneven_batches(worker)
+    ds = tf.data.Dataset.from_tensor_slices(tf.ragged.constant(batches, tf.float32))
+    return replicator.allow_uneven_batches(ds.map(lambda b: b))  # dense [None]
+  return input_fn
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", required=True)
@@ -61,6 +77,22 @@ def main():
   out = tf.nest.map_structure(lambda t: t.numpy(), repl.run(step_fn))
   # In the loop (steps > 1) the gather's static shape must match its stand-in's.
   out["gather_loop"] = repl.run(gather_step, steps=2).numpy()
+  with repl.context():
+    w = tf.Variable(1.0)
+
+  def uneven_step(x):  # a loss of the gathered batches, differentiated
+    with tf.GradientTape() as tape:
+      gathered = repl.all_gather(x * w)
+      weights = 1.0 + tf.range(tf.cast(tf.size(gathered), tf.float32))
+      loss = tf.reduce_sum(gathered * weights)
+    return {"gathered": gathered, "dw": tape.gradient(loss, w),
+            "bf16": tf.cast(repl.all_gather(tf.cast(x, tf.bfloat16)), tf.float32),
+            "bool": repl.all_gather(x > 100.5)}
+
+  # 2 steps in one call: sizes change from step to step and differ between
+  # workers (a gather that TensorFlow's collective refuses without padding).
+  uneven = repl.run(uneven_step, uneven_input(repl.mesh.worker_index), steps=2)
+  out.update({f"uneven_{k}": v.numpy() for k, v in uneven.items()})
   out["metric"] = metric.result().numpy()
   out["bank"] = bank.numpy()
   flat = {}

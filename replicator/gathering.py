@@ -1,0 +1,123 @@
+"""All-gather: every replica's part, concatenated in replica order.
+
+On one worker the parts are concatenated in the step's graph. Across workers
+they may differ in size along the gathered axis (uneven batches, a different
+number of scattered rows on each worker), which TensorFlow's gather
+collective refuses by aborting every collective of the job for good. So the
+workers first exchange their parts' shapes (one small collective for all the
+tensors of a call, on every worker whatever its static shapes, so that every
+worker runs the same collectives), check them, pad each part to the largest,
+gather, and drop the padding.
+"""
+
+from typing import List, Sequence
+
+import tensorflow as tf
+
+from replicator import collectives
+
+
+def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
+  """A replica's part of an all-gather: scalars become vectors of one."""
+  if part.shape.rank != 0:
+    return part
+  if axis not in (0, -1):
+    raise ValueError(f"axis: all_gather of scalars takes axis 0, got {axis}.")
+  return tf.reshape(part, [1])
+
+
+def all_gather(values: List[List[tf.Tensor]], axis: int,
+               devices: Sequence[str], workers=None) -> List[List[tf.Tensor]]:
+  """Concatenates matching tensors of all replicas along `axis`, in replica order.
+
+  Across workers the parts may differ in size along `axis` only. Scalars are
+  gathered into a vector.
+  """
+  results = [[None] * len(values[0]) for _ in values]
+  across = workers is not None and workers.num_workers > 1
+  with tf.device(devices[0]):
+    local = [tf.concat([gather_part(collectives.dense(r[index]), axis)
+                        for r in values], axis=axis)
+             for index in range(len(values[0]))]
+    gathered = _across_workers(local, axis, workers) if across else local
+    for index, value in enumerate(gathered):
+      for r, copy in enumerate(collectives.spread(value, devices)):
+        results[r][index] = copy
+  return results
+
+
+def _to_front(value: tf.Tensor, axis: int):
+  """`value` with `axis` moved first, and the permutation that undoes it."""
+  rank = value.shape.rank
+  if rank is None:
+    raise ValueError(
+        "value: all_gather across workers needs tensors of known rank, got one "
+        "of unknown rank (from tf.py_function, say); tf.ensure_shape it.")
+  first = axis % rank
+  if not first:
+    return value, None
+  order = [first] + [d for d in range(rank) if d != first]
+  return tf.transpose(value, order), [order.index(d) for d in range(rank)]
+
+
+def _across_workers(local: List[tf.Tensor], axis: int, workers) -> List[tf.Tensor]:
+  fronts, inverses = zip(*[_to_front(value, axis) for value in local])
+  if isinstance(workers, collectives.StandInWorkers):  # the build trace's shapes
+    gathered = [collectives.gather_workers(front, workers) for front in fronts]
+  else:
+    gathered = _gather_uneven(list(fronts), workers)
+  return [front if inverse is None else tf.transpose(front, inverse)
+          for front, inverse in zip(gathered, inverses)]
+
+
+def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
+  """Every worker's `fronts` concatenated along axis 0; sizes there may differ.
+
+  The result's size is static where the part's is on this worker: a run-time
+  check makes every worker's part that size (the program check already made
+  every worker's static dims agree, with unknown ones as wildcards).
+  """
+  num_workers = workers.num_workers
+  # Per tensor: (static size or -1, then the run-time shape), in one vector.
+  mine = tf.concat([
+      tf.concat([tf.constant([-1 if front.shape[0] is None else front.shape[0]],
+                             tf.int64),
+                 tf.shape(front, out_type=tf.int64)], 0)
+      for front in fronts], 0)
+  every = tf.reshape(collectives.gather_workers(mine, workers), [num_workers, -1])
+  out, start = [], 0
+  for index, front in enumerate(fronts):
+    width = 1 + front.shape.rank
+    shapes = every[:, start + 1:start + width]
+    declared = every[:, start]
+    start += width
+    sizes = shapes[:, 0]
+    most = tf.reduce_max(sizes)
+    # Checked on every worker alike from the same figures, before the data
+    # travels: an error everywhere rather than a gather that would abort.
+    checks = [
+        tf.debugging.Assert(
+            tf.reduce_all(tf.equal(shapes[:, 1:], shapes[:1, 1:])),
+            [f"all_gather across workers: tensor {index}'s parts differ in shape "
+             "beyond the gathered axis (only that axis may differ between "
+             "workers); each worker's shape, gathered axis first:", shapes],
+            summarize=-1),
+        tf.debugging.Assert(
+            tf.logical_or(tf.reduce_all(declared < 0),
+                          tf.equal(tf.reduce_min(sizes), most)),
+            [f"all_gather across workers: tensor {index}'s gathered axis has a "
+             "static size on some worker (a dataset batched with "
+             "drop_remainder=True, say), but the workers' parts have different "
+             "sizes at run time. Give it one static size on every worker, or none "
+             "on any. Each worker's static size (-1: none) and size:",
+             declared, sizes], summarize=-1)]
+    with tf.control_dependencies(checks):
+      padding = [[0, most - tf.shape(front, out_type=tf.int64)[0]]]
+      padded = tf.pad(front, padding + [[0, 0]] * (front.shape.rank - 1))
+    rows = collectives.gather_workers(padded, workers)
+    kept = tf.reshape(tf.sequence_mask(sizes, most), [-1])
+    result = tf.boolean_mask(rows, kept)
+    leading = None if front.shape[0] is None else front.shape[0] * num_workers
+    result.set_shape([leading] + front.shape[1:])
+    out.append(result)
+  return out
