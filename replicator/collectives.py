@@ -7,13 +7,12 @@ replica into one graph, so a reduction is a handful of in-graph ops: no
 rendezvous, no transport of our own.
 """
 
-import dataclasses
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import tensorflow as tf
-from tensorflow.python.ops import collective_ops
 from tensorflow.python.ops import nccl_ops
 
+from replicator import between_workers
 from replicator import packing
 from replicator.reduce_options import AllReduceOptions
 from replicator.reduce_options import check_reducible
@@ -38,52 +37,6 @@ def _on_gpus(devices: Sequence[str]) -> bool:
   return len(devices) > 1 and all("GPU" in d.upper() for d in devices)
 
 
-@dataclasses.dataclass(frozen=True)
-class StandInWorkers:
-  """The other workers while a step is traced only to build it (never run).
-
-  Collectives across workers become stand-ins of the right shape, and no
-  collective instance key is used up (every worker must draw the same keys).
-  """
-  num_workers: int
-
-
-def across_workers(value: tf.Tensor, merge_op: str, workers,
-                   instance_key: Optional[int] = None) -> tf.Tensor:
-  """Combines this worker's `value` with the other workers' (gRPC collective)."""
-  if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
-    return value
-  return collective_ops.all_reduce_v2(
-      value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=instance_key or _instance_key(merge_op, value, workers),
-      merge_op=merge_op,
-      final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
-
-
-def _instance_key(kind: str, value: tf.Tensor, workers):
-  """A new collective's instance key: a tensor where its shape is not static."""
-  key = workers.next(_signature(kind, value))
-  if value.shape.is_fully_defined():
-    return key
-  return workers.key_for_shape(key, tf.shape(value))
-
-
-def _signature(kind: str, value: tf.Tensor):
-  """What workers must agree on for a collective: `(kind, dtype, static dims)`.
-
-  The dims are None where the rank is unknown, a dim None where it is.
-  """
-  dims = tuple(value.shape.as_list()) if value.shape.rank is not None else None
-  return kind, value.dtype.name, dims
-
-
-def min_and_max_across_workers(value: tf.Tensor, workers,
-                               instance_key: Optional[int] = None):
-  """The smallest and largest of the workers' `value`s (scalar or vector; one collective)."""
-  both = across_workers(tf.stack([value, -value]), "Min", workers, instance_key)
-  return both[0], -both[1]
-
-
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
@@ -99,51 +52,9 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
     return nccl_ops.all_sum(_on_devices(tf.identity, parts, devices))
   with tf.device(devices[0]):
     total = parts[0] if len(parts) == 1 else tf.add_n(parts)
-    total = across_workers(total, "Add", workers)
+    total = between_workers.across_workers(total, "Add", workers)
   return spread(total, devices)
 
-
-
-def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
-  """Every worker's `value` concatenated along axis 0, in worker order.
-
-  Every worker's `value` must have the same shape (`gathering` pads parts
-  that differ).
-  """
-  if workers is None or workers.num_workers == 1:
-    return value
-  if isinstance(workers, StandInWorkers):
-    return tf.concat([value] * workers.num_workers, 0)
-  if value.dtype == tf.bool:  # nor booleans: 0/1 integers between workers
-    return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), tf.bool)
-  if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
-    return _gather_bfloat16(value, workers)
-  gathered = collective_ops.all_gather_v2(
-      value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=_instance_key("Gather", value, workers), communication_hint="ring",
-      timeout=workers.timeout_s)
-  return _leading_times(gathered, value, workers.num_workers)
-
-
-def _leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
-  """`gathered` given the static shape the op loses: `value`'s, axis 0 x workers."""
-  if value.shape.rank:
-    leading = None if value.shape[0] is None else value.shape[0] * num_workers
-    gathered.set_shape([leading] + value.shape[1:])
-  return gathered
-
-
-def _gather_bfloat16(value: tf.Tensor, workers) -> tf.Tensor:
-  """`gather_workers` of bfloat16 values, as pairs bitcast to int32 words."""
-  flat = tf.reshape(value, [-1])
-  size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
-  pairs = tf.reshape(tf.pad(flat, [[0, size % 2]]), [-1, 2])
-  words = gather_workers(tf.bitcast(pairs, tf.int32), workers)
-  halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [workers.num_workers, -1])
-  shape = tf.shape(value)
-  gathered = tf.reshape(halves[:, :size],
-                        tf.concat([[workers.num_workers * shape[0]], shape[1:]], 0))
-  return _leading_times(gathered, value, workers.num_workers)
 
 
 def _sum_wide(parts, device, workers) -> tf.Tensor:
@@ -154,7 +65,7 @@ def _sum_wide(parts, device, workers) -> tf.Tensor:
       return local_sum()
     # Several local replicas: their float32 sum is rounded once to travel.
     mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
-    gathered = gather_workers(mine, workers)
+    gathered = between_workers.gather_workers(mine, workers)
     return tf.reduce_sum(
         tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0)
 
@@ -245,9 +156,10 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
           total = pairwise(total, replica[index])
         if boolean and workers is not None and workers.num_workers > 1:
           # collectives take no booleans: 0/1 integers between workers
-          total = across_workers(tf.cast(total, tf.int32), merge_op, workers) > 0
+          total = between_workers.across_workers(
+              tf.cast(total, tf.int32), merge_op, workers) > 0
         else:
-          total = across_workers(total, merge_op, workers)
+          total = between_workers.across_workers(total, merge_op, workers)
         for r, copy in enumerate(spread(total, devices)):
           results[r][index] = copy
   return results
@@ -273,9 +185,10 @@ def broadcast(values: List[List[tf.Tensor]], source_replica: int,
         if not mine:
           value = tf.zeros_like(value)
         if value.dtype.is_bool:
-          value = tf.cast(across_workers(tf.cast(value, tf.int32), "Add", workers), tf.bool)
+          value = tf.cast(between_workers.across_workers(
+              tf.cast(value, tf.int32), "Add", workers), tf.bool)
         else:
-          value = across_workers(value, "Add", workers)
+          value = between_workers.across_workers(value, "Add", workers)
     for r, copy in enumerate(spread(value, devices)):
       results[r][index] = copy
   return results

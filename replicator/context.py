@@ -14,7 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from replicator import collectives
+from replicator import between_workers
 
 _local = threading.local()
 
@@ -93,7 +93,7 @@ class ReplicaGroup:
     self.num_replicas = num_replicas
     self.build_only = build_only
     if build_only and workers is not None:
-      workers = collectives.StandInWorkers(workers.num_workers)
+      workers = between_workers.StandInWorkers(workers.num_workers)
     self.workers = workers
     self._resume = [threading.Event() for _ in self.devices]
     self._paused = threading.Semaphore(0)

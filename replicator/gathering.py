@@ -14,6 +14,7 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
+from replicator import between_workers
 from replicator import collectives
 
 
@@ -62,8 +63,8 @@ def _to_front(value: tf.Tensor, axis: int):
 
 def _across_workers(local: List[tf.Tensor], axis: int, workers) -> List[tf.Tensor]:
   fronts, inverses = zip(*[_to_front(value, axis) for value in local])
-  if isinstance(workers, collectives.StandInWorkers):  # the build trace's shapes
-    gathered = [collectives.gather_workers(front, workers) for front in fronts]
+  if isinstance(workers, between_workers.StandInWorkers):  # the build trace's shapes
+    gathered = [between_workers.gather_workers(front, workers) for front in fronts]
   else:
     gathered = _gather_uneven(list(fronts), workers)
   return [front if inverse is None else tf.transpose(front, inverse)
@@ -84,7 +85,7 @@ def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
                              tf.int64),
                  tf.shape(front, out_type=tf.int64)], 0)
       for front in fronts], 0)
-  every = tf.reshape(collectives.gather_workers(mine, workers), [num_workers, -1])
+  every = tf.reshape(between_workers.gather_workers(mine, workers), [num_workers, -1])
   out, start = [], 0
   for index, front in enumerate(fronts):
     width = 1 + front.shape.rank
@@ -114,7 +115,7 @@ def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
     with tf.control_dependencies(checks):
       padding = [[0, most - tf.shape(front, out_type=tf.int64)[0]]]
       padded = tf.pad(front, padding + [[0, 0]] * (front.shape.rank - 1))
-    rows = collectives.gather_workers(padded, workers)
+    rows = between_workers.gather_workers(padded, workers)
     kept = tf.reshape(tf.sequence_mask(sizes, most), [-1])
     result = tf.boolean_mask(rows, kept)
     leading = None if front.shape[0] is None else front.shape[0] * num_workers

@@ -8,8 +8,8 @@ merge the counters of `Checkpointer` (its barrier, its agreement on a step).
 import numpy as np
 import tensorflow as tf
 
+from replicator import between_workers
 from replicator import cluster
-from replicator import collectives
 from replicator.mesh import Mesh
 
 
@@ -60,7 +60,7 @@ class Peers:
     """
     try:
       with tf.device(self._device):
-        return collectives.across_workers(
+        return between_workers.across_workers(
             tf.constant(values, tf.int64), merge_op, self._keys).numpy()
     except tf.errors.OpError as error:
       self.raise_if_lost(error, steps_completed)
@@ -103,7 +103,7 @@ class Peers:
           value = variable.replicas[0].read_value()
           wire = tf.int32 if value.dtype.is_bool else value.dtype
           value = tf.cast(value, wire) if chief else tf.zeros_like(value, wire)
-          value = tf.cast(collectives.across_workers(value, "Add", self._keys),
+          value = tf.cast(between_workers.across_workers(value, "Add", self._keys),
                           variable.dtype)
         for copy in variable.replicas:
           copy.assign(value)

@@ -12,7 +12,7 @@ import re
 
 import tensorflow as tf
 
-from replicator import collectives
+from replicator import between_workers
 from replicator import context
 from replicator import variable_registry
 from replicator import variables
@@ -150,7 +150,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
 def _min_and_max(values, workers, device: str):
   """The elementwise min and max of the workers' int `values` (one collective)."""
   with tf.device(device):
-    low, high = collectives.min_and_max_across_workers(
+    low, high = between_workers.min_and_max_across_workers(
         tf.constant(values, tf.int64), workers, instance_key=workers.next_check())
   return low.numpy().tolist(), high.numpy().tolist()
 

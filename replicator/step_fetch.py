@@ -10,7 +10,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from replicator import collectives
+from replicator import between_workers
 
 # Why a step did or did not run (`BatchFetcher.fetch`'s status).
 READY = 1  # every replica has a batch, all one size
@@ -119,7 +119,7 @@ class BatchFetcher:
       state = [tf.cast(got_all, tf.int64), tf.reduce_min(sizes), -tf.reduce_max(sizes)]
       if steps is not None:  # and (min, -max) over workers of steps
         state += [steps, -steps]
-      state = collectives.across_workers(tf.stack(state), "Min", self._workers)
+      state = between_workers.across_workers(tf.stack(state), "Min", self._workers)
       status = tf.where(
           state[0] > 0,
           tf.where(tf.equal(state[1], -state[2]), status_tensor(READY),
@@ -133,7 +133,7 @@ class BatchFetcher:
   def agree_on_steps(self, steps):
     """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different ones."""
     with tf.device(self._devices[0]):
-      fewest, most = collectives.min_and_max_across_workers(steps, self._workers)
+      fewest, most = between_workers.min_and_max_across_workers(steps, self._workers)
       same = tf.equal(fewest, most)
       return (tf.where(same, steps, tf.constant(0, tf.int64)),
               tf.where(same, status_tensor(READY), status_tensor(STEPS_DIFFER)))

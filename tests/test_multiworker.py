@@ -328,6 +328,9 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     # ... whose size then differs at run time: an error on each, no abort
     assert lines["STATIC"] == "STATIC True", out
     assert lines["AGAIN"] == "AGAIN [18.0, 18.0, 18.0]", out
+    # a reduction of values whose shapes differ at run time: the same
+    assert lines["REDUCE"] == "REDUCE True", out
+    assert lines["ONWARD"] == "ONWARD [20.0, 20.0, 20.0]", out
     # save waits for the chief: restore_latest right after finds its checkpoint
     assert lines["CKPT"] == "CKPT [1, 2]", out
     # unshared directories: an error on every worker, not two different states

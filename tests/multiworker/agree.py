@@ -101,6 +101,18 @@ def main():
   except tf.errors.InvalidArgumentError as error:
     print(f"STATIC {'has a static size on some worker' in str(error)}", flush=True)
   print(f"AGAIN {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
+
+  def uneven_sum(ctx):  # batches of 2 on the chief, of 1 on the other worker
+    ds = tf.data.Dataset.range(4).map(lambda i: tf.cast(i, tf.float32))
+    return replicator.allow_uneven_batches(ds.batch(2 - worker))
+
+  try:  # a reduction of batches whose sizes differ: an error on each, no hang
+    repl.run(lambda x: repl.all_sum(x), uneven_sum)
+    print("REDUCE ran", flush=True)
+  except tf.errors.InvalidArgumentError as error:
+    print(f"REDUCE {'got values of different shapes on different workers' in str(error)}",
+          flush=True)
+  print(f"ONWARD {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
   print("DONE", flush=True)
 
 
