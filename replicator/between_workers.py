@@ -32,8 +32,8 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   """Combines this worker's `value` with the other workers' (gRPC collective)."""
   if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
     return value
-  if instance_key is None and _run_time_shape(value):
-    value = _same_shape_everywhere(value, workers)
+  if instance_key is None:
+    value = same_shape_everywhere(value, workers)
   return collective_ops.all_reduce_v2(
       value, group_size=workers.num_workers, group_key=workers.group_key,
       instance_key=instance_key or _instance_key(merge_op, value, workers),
@@ -41,14 +41,18 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
       final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
 
 
-def _same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
+def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
   """`value` once every worker's is found to have its shape; else an error on each.
+
+  Only values whose shape is known at run time only are checked.
 
   Values of a shape known only at run time take their collective's key at run
   time (`_instance_key`): workers whose shapes differed would wait on
   different keys forever. Their shapes travel first, in a collective of a
   static shape.
   """
+  if not _run_time_shape(value):
+    return value
   shape = tf.shape(value, out_type=tf.int64)
   every = tf.reshape(gather_workers(shape, workers), [workers.num_workers, -1])
   check = tf.debugging.Assert(
@@ -66,7 +70,7 @@ def _instance_key(kind: str, value: tf.Tensor, workers):
   key = workers.next(_signature(kind, value))
   if not _run_time_shape(value):
     return key
-  return workers.key_for_shape(key, tf.shape(value))
+  return workers.key_for_shape(tf.shape(value))
 
 
 def _run_time_shape(value: tf.Tensor) -> bool:
@@ -93,6 +97,9 @@ def min_and_max_across_workers(value: tf.Tensor, workers,
   return both[0], -both[1]
 
 
+_GATHERED_AS_INT32 = (tf.bool, tf.int8, tf.uint8, tf.int16, tf.uint16)
+
+
 def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
   """Every worker's `value` concatenated along axis 0, in worker order.
 
@@ -103,8 +110,8 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
     return value
   if isinstance(workers, StandInWorkers):
     return tf.concat([value] * workers.num_workers, 0)
-  if value.dtype == tf.bool:  # nor booleans: 0/1 integers between workers
-    return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), tf.bool)
+  if value.dtype in _GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
+    return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), value.dtype)
   if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
     return _gather_bfloat16(value, workers)
   gathered = collective_ops.all_gather_v2(

@@ -88,10 +88,11 @@ class CollectiveKeys:
   # life of the process, and aborts every collective when a later call under
   # the same key has another shape. A collective whose shape is known only at
   # run time (a short last batch, uneven batches) takes its key at run time,
-  # one per shape, from a range of its own: `_SHAPES_PER_KEY` keys per key
-  # that `next` gave it, chosen by a hash of the shape.
+  # one per shape, from a range of its own: a slot of `_SHAPES_PER_SLOT` keys
+  # per such collective, the key in it chosen by a hash of the shape.
   _SHAPE_KEYS = 1 << 29
-  _SHAPES_PER_KEY = 1 << 10
+  _SHAPES_PER_SLOT = 1 << 16
+  _SLOTS = ((1 << 30) - (1 << 29)) // _SHAPES_PER_SLOT
 
   def __init__(self, num_workers: int, worker_index: int, timeout_s: float,
                group_key: int = 1):
@@ -100,6 +101,7 @@ class CollectiveKeys:
     self.timeout_s = timeout_s
     self.group_key = group_key
     self.issued = 0  # keys given out by `next`
+    self.shape_slots = 0  # slots given out by `key_for_shape`
     self._signatures = {}  # key -> what its collective carries
     self._checks = itertools.count(self._CHECK_KEYS)
     self._lock = threading.Lock()
@@ -111,23 +113,24 @@ class CollectiveKeys:
       self._signatures[self.issued] = signature
       return self.issued
 
-  def key_for_shape(self, key: int, shape: tf.Tensor) -> tf.Tensor:
-    """The instance key, at run time, of collective `key` when of `shape`.
+  def key_for_shape(self, shape: tf.Tensor) -> tf.Tensor:
+    """A new collective's instance key, at run time, for its run-time `shape`.
 
-    Two shapes share a key only if their hashes collide (then TensorFlow's
-    shape check stops the job: an error, not wrong numbers).
+    Two shapes of one collective share a key only if their 16-bit hashes
+    collide (about 1 in 65,536 pairs; TensorFlow's shape check then stops the
+    job with an error, never wrong numbers).
     """
-    if key >= (self._CHECK_KEYS - self._SHAPE_KEYS) // self._SHAPES_PER_KEY:
+    with self._lock:
+      slot = self.shape_slots
+      self.shape_slots += 1
+    if slot >= self._SLOTS:
       raise RuntimeError(
-          f"cluster: {key} collectives were traced in this process, more than "
-          "the instance keys of collectives of run-time shapes allow; a step "
-          "retraced on every call (a Python value that changes in its "
-          "arguments, say) is the usual cause.")
-    dims = tf.cast(shape, tf.int64)
-    weights = tf.cast(1000003, tf.int64) ** tf.range(tf.size(dims, out_type=tf.int64))
-    mixed = tf.reduce_sum(dims * weights) * 2654435761  # wraps: a hash
-    bucket = tf.math.floormod(tf.bitwise.right_shift(mixed, 20), self._SHAPES_PER_KEY)
-    return tf.cast(self._SHAPE_KEYS + key * self._SHAPES_PER_KEY + bucket, tf.int32)
+          f"cluster: {slot} collectives of run-time shapes were traced in this "
+          "process, more than their instance keys allow; a step retraced on "
+          "every call (a Python value that changes in its arguments, say) is "
+          "the usual cause.")
+    return tf.cast(self._SHAPE_KEYS + slot * self._SHAPES_PER_SLOT
+                   + tf.math.floormod(_mix(shape), self._SHAPES_PER_SLOT), tf.int32)
 
   def signatures(self, after: int) -> list:
     """The signatures of the keys issued after key `after`, in order."""
@@ -136,6 +139,24 @@ class CollectiveKeys:
   def next_check(self) -> int:
     with self._lock:
       return next(self._checks)
+
+
+# SplitMix64's constants, as the int64s of the same bits
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _mix(shape: tf.Tensor) -> tf.Tensor:
+  """A 64-bit hash of an int `shape` vector of static length (SplitMix64's steps)."""
+  shift = tf.bitwise.right_shift
+  h = tf.constant(shape.shape[0], tf.int64)
+  for dim in tf.unstack(tf.cast(shape, tf.int64)):
+    h = h * 31 + dim + _GOLDEN  # int64 arithmetic wraps
+    h = (h ^ shift(h, 30)) * _MIX1
+    h = (h ^ shift(h, 27)) * _MIX2
+    h = h ^ shift(h, 31)
+  return h
 
 
 class WorkerLost(RuntimeError):

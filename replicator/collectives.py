@@ -65,6 +65,7 @@ def _sum_wide(parts, device, workers) -> tf.Tensor:
       return local_sum()
     # Several local replicas: their float32 sum is rounded once to travel.
     mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
+    mine = between_workers.same_shape_everywhere(mine, workers)
     gathered = between_workers.gather_workers(mine, workers)
     return tf.reduce_sum(
         tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0)

@@ -118,8 +118,10 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
   kinds = "\n".join(f"{kind} {dtype} {None if dims is None else len(dims)}"
                      for kind, dtype, dims in filter(None, signatures))
   digest = int.from_bytes(hashlib.sha256(kinds.encode()).digest()[:7], "big")
-  (fewest, low_digest), (most, high_digest) = _min_and_max(
-      [len(signatures), digest], workers, device)
+  (fewest, low_digest, _), (most, high_digest, most_slots) = _min_and_max(
+      [len(signatures), digest, workers.shape_slots], workers, device)
+  # Where this raises, the counters move on to the furthest worker's.
+  workers.shape_slots = most_slots
   if fewest != most:
     workers.issued = issued_before + most
     raise ProgramsDiffer(

@@ -59,6 +59,48 @@ def _batch_size(value) -> tf.Tensor:
   return tf.concat([tf.shape(value, out_type=tf.int64), [-1]], 0)[0]
 
 
+def agreed_element_spec(element_spec, workers, device: str):
+  """`element_spec` with each dim that is not one static size on every worker unknown.
+
+  A batch dim static on one worker (`drop_remainder=True`) and unknown on
+  another is still one program; traced unknown on every worker, it gives
+  every worker the same collectives (one of a shape known only at run time
+  takes its key at run time, on every worker alike). Two collectives, once
+  per compiled step.
+  """
+  if workers is None or element_spec is None:
+    return element_spec
+  leaves = tf.nest.flatten(element_spec)
+  dense = [isinstance(s, tf.TensorSpec) and s.shape.rank is not None for s in leaves]
+  dims = [-1 if d is None else d
+          for leaf, is_dense in zip(leaves, dense) if is_dense
+          for d in leaf.shape.as_list()]
+
+  def min_and_max(values):
+    with tf.device(device):
+      low, high = between_workers.min_and_max_across_workers(
+          tf.constant(values, tf.int64), workers, instance_key=workers.next_check())
+    return low.numpy().tolist(), high.numpy().tolist()
+
+  fewest, most = min_and_max([len(dims)])
+  if fewest != most or not dims:  # other structures: the program check says so
+    return element_spec
+  low, high = min_and_max(dims)
+  agreed = iter([l if l == h and l >= 0 else None for l, h in zip(low, high)])
+  return tf.nest.pack_sequence_as(element_spec, [
+      tf.TensorSpec([next(agreed) for _ in leaf.shape], leaf.dtype, leaf.name)
+      if is_dense else leaf for leaf, is_dense in zip(leaves, dense)])
+
+
+def relaxed(element, spec):
+  """`element` with the static shapes of `spec` (`agreed_element_spec`'s)."""
+  def relax(value, leaf):
+    if not isinstance(leaf, tf.TensorSpec) or value.shape == leaf.shape:
+      return value
+    return tf.compat.v1.placeholder_with_default(value, leaf.shape)
+  return tf.nest.map_structure(relax, element, spec)
+
+
 class BatchFetcher:
   """The local replicas' batches for one compiled step, and whether it may run."""
 

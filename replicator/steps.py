@@ -79,6 +79,8 @@ class CompiledStep:
                uneven_batches: bool = False):
     self._step_fn = step_fn
     self._element_spec = element_spec
+    # what the traces see: dims that differ between workers are unknown
+    self._traced_spec = step_fetch.agreed_element_spec(element_spec, workers, devices[0])
     self._devices = tuple(devices)
     self._first_replica_id = first_replica_id
     self._num_replicas = num_replicas
@@ -173,7 +175,7 @@ class CompiledStep:
           step_fn, [inputs], self._replica_scope(creating=creating))[0]
       return step_errors.check_outputs(outputs, self._step_fn)
 
-    specs = () if self._element_spec is None else (self._element_spec,)
+    specs = () if self._traced_spec is None else (self._traced_spec,)
     try:
       with self._factory.scope() if creating else contextlib.nullcontext():
         concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
@@ -196,8 +198,8 @@ class CompiledStep:
   def _trace_step(self, batches, args):
     step_fn = self._converted_in_function()
     args = step_args.dereference(args)
-    per_replica = [(tuple(b) if b is not None else ()) + tuple(args)
-                   for b in batches]
+    per_replica = [((step_fetch.relaxed(b[0], self._traced_spec),) if b is not None
+                    else ()) + tuple(args) for b in batches]
     outputs = self._group(build_only=False).run(
         step_fn, per_replica, self._replica_scope(creating=False))
     leaves = [tf.nest.flatten(step_errors.check_outputs(o, self._step_fn))

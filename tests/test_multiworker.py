@@ -324,12 +324,17 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
             f"[{2 if w == 0 else 3}])") in lines["SHAPES"], out
     assert lines["STILL"] == "STILL [16.0, 16.0, 16.0]", out
     # a batch dim static on one worker and not the other: not another program
-    assert lines["MIXED"] == "MIXED [0.0, 1.0, 10.0, 11.0]", out
-    # ... whose size then differs at run time: an error on each, no abort
-    assert lines["STATIC"] == "STATIC True", out
+    assert lines["MIXED"] == "MIXED [0.0, 1.0, 10.0, 11.0] [10.0, 12.0]", out
+    # ... whose size then differs at run time (step 2: 2 and 1 elements); the
+    # gradient: 2 workers' losses weigh each element by its position
+    assert lines["STATIC"] == ("STATIC [2.0, 3.0, 2.0] [2.0, 4.0]" if w == 0
+                               else "STATIC [2.0, 3.0, 2.0] [6.0]"), out
     assert lines["AGAIN"] == "AGAIN [18.0, 18.0, 18.0]", out
-    # a reduction of values whose shapes differ at run time: the same
+    assert lines["COLLIDE"] == "COLLIDE [2048. 2050.]", out
+    assert lines["EMPTY"] == "EMPTY (1, 0, 3)", out
+    # a reduction of values whose shapes differ at run time: an error on each
     assert lines["REDUCE"] == "REDUCE True", out
+    assert lines["WIDE"] == "WIDE True", out
     assert lines["ONWARD"] == "ONWARD [20.0, 20.0, 20.0]", out
     # save waits for the chief: restore_latest right after finds its checkpoint
     assert lines["CKPT"] == "CKPT [1, 2]", out

@@ -88,30 +88,49 @@ def main():
     ds = tf.data.Dataset.range(4).map(lambda i: tf.cast(i + 10 * worker, tf.float32))
     return ds.batch(2, drop_remainder=worker == 0)
 
-  gathered = repl.run(lambda x: repl.all_gather(x), mixed_input)
-  print(f"MIXED {gathered.numpy()[0].tolist()}", flush=True)
+  gathered, summed = repl.run(lambda x: (repl.all_gather(x), repl.all_sum(x)),
+                              mixed_input)
+  print(f"MIXED {gathered.numpy()[0].tolist()} {summed.numpy()[0].tolist()}", flush=True)
 
   def static_on_chief(ctx):  # static 2 on the chief; 2, then 1 on the other
     ds = tf.data.Dataset.range(4 - worker).map(lambda i: tf.cast(i, tf.float32))
     return replicator.allow_uneven_batches(ds.batch(2, drop_remainder=worker == 0))
 
-  try:  # a static size that the other worker's batch does not have
-    repl.run(lambda x: repl.all_gather(x), static_on_chief, steps=2)
-    print("STATIC ran", flush=True)
-  except tf.errors.InvalidArgumentError as error:
-    print(f"STATIC {'has a static size on some worker' in str(error)}", flush=True)
+  def gather_and_grad(x):  # the gradient reduces parts of either shape too
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      gathered = repl.all_gather(x)
+      loss = tf.reduce_sum(gathered * (1.0 + tf.range(tf.cast(tf.size(gathered),
+                                                              tf.float32))))
+    return gathered, tape.gradient(loss, x)
+
+  # a size static on the chief only, that the other worker's last batch lacks
+  gathered, grad = repl.run(gather_and_grad, static_on_chief, steps=2)
+  print(f"STATIC {gathered.numpy()[0].tolist()} {grad.numpy()[0].tolist()}", flush=True)
   print(f"AGAIN {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
+  # 1024 then 378 elements: one key each (their hashes collided, an abort)
+  collide = lambda ctx: tf.data.Dataset.range(1402).map(
+      lambda i: tf.cast(i, tf.float32)).batch(1024)
+  print(f"COLLIDE {repl.run(lambda x: repl.all_sum(x), collide, steps=2).numpy()[0][:2]}",
+        flush=True)
+  # parts empty on every worker (TensorFlow's gather of them crashed)
+  empty = repl.run(lambda: repl.all_gather(tf.zeros([0, 3])))
+  print(f"EMPTY {empty.numpy().shape}", flush=True)
 
   def uneven_sum(ctx):  # batches of 2 on the chief, of 1 on the other worker
     ds = tf.data.Dataset.range(4).map(lambda i: tf.cast(i, tf.float32))
     return replicator.allow_uneven_batches(ds.batch(2 - worker))
 
-  try:  # a reduction of batches whose sizes differ: an error on each, no hang
-    repl.run(lambda x: repl.all_sum(x), uneven_sum)
-    print("REDUCE ran", flush=True)
-  except tf.errors.InvalidArgumentError as error:
-    print(f"REDUCE {'got values of different shapes on different workers' in str(error)}",
-          flush=True)
+  wide = replicator.AllReduceOptions(compression=replicator.Compression.BF16,
+                                     sum_in_float32=True)
+  for name, reduce in [("REDUCE", repl.all_sum),
+                       ("WIDE", lambda x: repl.all_reduce(x, options=wide))]:
+    try:  # a reduction of batches whose sizes differ: an error on each, no hang
+      repl.run(lambda x: reduce(x), uneven_sum)  # pylint: disable=cell-var-from-loop
+      print(f"{name} ran", flush=True)
+    except tf.errors.InvalidArgumentError as error:
+      print(f"{name} {'got values of different shapes on different workers' in str(error)}",
+            flush=True)
   print(f"ONWARD {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
   print("DONE", flush=True)
 
