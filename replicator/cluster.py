@@ -116,9 +116,9 @@ class CollectiveKeys:
   def key_for_shape(self, shape: tf.Tensor) -> tf.Tensor:
     """A new collective's instance key, at run time, for its run-time `shape`.
 
-    Two shapes of one collective share a key only if their 16-bit hashes
-    collide (about 1 in 65,536 pairs; TensorFlow's shape check then stops the
-    job with an error, never wrong numbers).
+    Shapes that differ in the leading dim only (by under 65,536) never share
+    a key; others may, if their 16-bit hashes collide (TensorFlow's shape
+    check then stops the job with an error, never wrong numbers).
     """
     with self._lock:
       slot = self.shape_slots
@@ -129,8 +129,11 @@ class CollectiveKeys:
           "process, more than their instance keys allow; a step retraced on "
           "every call (a Python value that changes in its arguments, say) is "
           "the usual cause.")
-    return tf.cast(self._SHAPE_KEYS + slot * self._SHAPES_PER_SLOT
-                   + tf.math.floormod(_mix(shape), self._SHAPES_PER_SLOT), tf.int32)
+    # One-to-one in the leading dim (under 65,536 apart) for fixed other dims,
+    # the usual way a run-time shape changes (batches); a hash of the others.
+    shape = tf.cast(shape, tf.int64)
+    bucket = tf.math.floormod(shape[0] + _mix(shape[1:]), self._SHAPES_PER_SLOT)
+    return tf.cast(self._SHAPE_KEYS + slot * self._SHAPES_PER_SLOT + bucket, tf.int32)
 
   def signatures(self, after: int) -> list:
     """The signatures of the keys issued after key `after`, in order."""

@@ -331,6 +331,7 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
                                else "STATIC [2.0, 3.0, 2.0] [6.0]"), out
     assert lines["AGAIN"] == "AGAIN [18.0, 18.0, 18.0]", out
     assert lines["COLLIDE"] == "COLLIDE [2048. 2050.]", out
+    assert lines["COLLIDE2"] == "COLLIDE2 [976. 978.]", out
     assert lines["EMPTY"] == "EMPTY (1, 0, 3)", out
     # a reduction of values whose shapes differ at run time: an error on each
     assert lines["REDUCE"] == "REDUCE True", out

@@ -113,6 +113,10 @@ def main():
       lambda i: tf.cast(i, tf.float32)).batch(1024)
   print(f"COLLIDE {repl.run(lambda x: repl.all_sum(x), collide, steps=2).numpy()[0][:2]}",
         flush=True)
+  collide2 = lambda ctx: tf.data.Dataset.range(784).map(  # 488, then 296
+      lambda i: tf.cast(i, tf.float32)).batch(488)
+  print(f"COLLIDE2 {repl.run(lambda x: repl.all_sum(x), collide2, steps=2).numpy()[0][:2]}",
+        flush=True)
   # parts empty on every worker (TensorFlow's gather of them crashed)
   empty = repl.run(lambda: repl.all_gather(tf.zeros([0, 3])))
   print(f"EMPTY {empty.numpy().shape}", flush=True)
