@@ -140,3 +140,15 @@ def _gather_bfloat16(value: tf.Tensor, workers) -> tf.Tensor:
   gathered = tf.reshape(halves[:, :size],
                         tf.concat([[workers.num_workers * shape[0]], shape[1:]], 0))
   return _leading_times(gathered, value, workers.num_workers)
+
+
+def checked_min_and_max(values, workers, device: str):
+  """The elementwise min and max of the workers' int `values`, as lists, now.
+
+  One eager collective on a key of the checks' range (`next_check`), which
+  matches on every worker even where their programs' keys do not.
+  """
+  with tf.device(device):
+    low, high = min_and_max_across_workers(
+        tf.constant(values, tf.int64), workers, instance_key=workers.next_check())
+  return low.numpy().tolist(), high.numpy().tolist()

@@ -118,8 +118,9 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
   kinds = "\n".join(f"{kind} {dtype} {None if dims is None else len(dims)}"
                      for kind, dtype, dims in filter(None, signatures))
   digest = int.from_bytes(hashlib.sha256(kinds.encode()).digest()[:7], "big")
-  (fewest, low_digest, _), (most, high_digest, most_slots) = _min_and_max(
-      [len(signatures), digest, workers.shape_slots], workers, device)
+  min_and_max = lambda values: between_workers.checked_min_and_max(values, workers, device)
+  (fewest, low_digest, _), (most, high_digest, most_slots) = min_and_max(
+      [len(signatures), digest, workers.shape_slots])
   # Where this raises, the counters move on to the furthest worker's.
   workers.shape_slots = most_slots
   if fewest != most:
@@ -132,9 +133,8 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
   dims = [d for _, _, ds in filter(None, signatures) for d in ds or ()]
   if low_digest == high_digest and dims:  # the same number of dims everywhere
     unknown_high, unknown_low = -1, 1 << 62  # a dim unknown here matches any
-    low, high = _min_and_max([unknown_low if d is None else d for d in dims]
-                             + [unknown_high if d is None else d for d in dims],
-                             workers, device)
+    low, high = min_and_max([unknown_low if d is None else d for d in dims]
+                            + [unknown_high if d is None else d for d in dims])
     if all(h == unknown_high or l == h
            for l, h in zip(low[:len(dims)], high[len(dims):])):
       return
@@ -147,14 +147,6 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
       f"dtypes or shapes on other workers (this worker, {workers.worker_index}: "
       f"{'; '.join(listed[:8])}{'; ...' if len(listed) > 8 else ''}); run, they "
       f"would abort every collective of this process. {_SAME_PROGRAM}")
-
-
-def _min_and_max(values, workers, device: str):
-  """The elementwise min and max of the workers' int `values` (one collective)."""
-  with tf.device(device):
-    low, high = between_workers.min_and_max_across_workers(
-        tf.constant(values, tf.int64), workers, instance_key=workers.next_check())
-  return low.numpy().tolist(), high.numpy().tolist()
 
 
 _SAME_PROGRAM = (

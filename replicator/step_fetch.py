@@ -76,16 +76,10 @@ def agreed_element_spec(element_spec, workers, device: str):
           for leaf, is_dense in zip(leaves, dense) if is_dense
           for d in leaf.shape.as_list()]
 
-  def min_and_max(values):
-    with tf.device(device):
-      low, high = between_workers.min_and_max_across_workers(
-          tf.constant(values, tf.int64), workers, instance_key=workers.next_check())
-    return low.numpy().tolist(), high.numpy().tolist()
-
-  fewest, most = min_and_max([len(dims)])
+  fewest, most = between_workers.checked_min_and_max([len(dims)], workers, device)
   if fewest != most or not dims:  # other structures: the program check says so
     return element_spec
-  low, high = min_and_max(dims)
+  low, high = between_workers.checked_min_and_max(dims, workers, device)
   agreed = iter([l if l == h and l >= 0 else None for l, h in zip(low, high)])
   return tf.nest.pack_sequence_as(element_spec, [
       tf.TensorSpec([next(agreed) for _ in leaf.shape], leaf.dtype, leaf.name)
