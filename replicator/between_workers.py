@@ -6,8 +6,10 @@ worker's first device. Every worker traces the same program, so each takes
 its instance key from a counter (`cluster.CollectiveKeys`) with no exchange.
 TensorFlow keeps the shape a collective first had under its key for the life
 of the process and aborts every collective when a later call under that key
-has another: a collective whose shape is known only at run time takes its key
-at run time, one per shape, after the workers found their shapes equal.
+has another: a collective whose shape is known only at run time travels
+flattened and padded to a size class (`_size_class`, at most 1/64 larger) and
+takes its key at run time, one per class, after the workers found their shapes
+equal.
 """
 
 import dataclasses
@@ -32,13 +34,20 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   """Combines this worker's `value` with the other workers' (gRPC collective)."""
   if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
     return value
-  if instance_key is None:
-    value = same_shape_everywhere(value, workers)
-  return collective_ops.all_reduce_v2(
-      value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=instance_key or _instance_key(merge_op, value, workers),
-      merge_op=merge_op,
-      final_op="Id", communication_hint="ring", timeout=workers.timeout_s)
+
+  def reduce(wire, key):
+    return collective_ops.all_reduce_v2(
+        wire, group_size=workers.num_workers, group_key=workers.group_key,
+        instance_key=key, merge_op=merge_op, final_op="Id",
+        communication_hint="ring", timeout=workers.timeout_s)
+
+  if instance_key is not None or not _run_time_shape(value):
+    return reduce(value, instance_key or workers.next(_signature(merge_op, value)))
+  value = same_shape_everywhere(value, workers)
+  flat, size, key = _in_size_class(merge_op, value, workers)
+  total = tf.reshape(reduce(flat, key)[:size], tf.shape(value))
+  total.set_shape(value.shape)
+  return total
 
 
 def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
@@ -47,38 +56,76 @@ def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
   Only values whose shape is known at run time only are checked.
 
   Values of a shape known only at run time take their collective's key at run
-  time (`_instance_key`): workers whose shapes differed would wait on
+  time (`_in_size_class`): workers whose shapes differed would wait on
   different keys forever. Their shapes travel first, in a collective of a
-  static shape.
+  static shape (of unknown rank, their ranks first).
   """
   if not _run_time_shape(value):
     return value
   shape = tf.shape(value, out_type=tf.int64)
-  every = tf.reshape(gather_workers(shape, workers), [workers.num_workers, -1])
+  if value.shape.rank is None:
+    shape = _same_everywhere(shape, tf.reshape(tf.size(shape, out_type=tf.int64), [1]),
+                             workers, "ranks")
+  value = _same_everywhere(value, shape, workers, "shapes")
+  return value
+
+
+def _same_everywhere(value: tf.Tensor, figures: tf.Tensor, workers, what: str):
+  """`value` once every worker's int64 vector `figures` is found equal to this one's."""
+  every = tf.reshape(gather_workers(figures, workers), [workers.num_workers, -1])
   check = tf.debugging.Assert(
       tf.reduce_all(tf.equal(every, every[:1])),
       ["a reduction across workers (all_sum, all_mean, all_max, all_min, "
        "broadcast) got values of different shapes on different workers; reduce "
        "values of one shape (all_gather takes parts of different sizes). Each "
-       "worker's shape:", every], summarize=-1)
+       f"worker's {what}:", every], summarize=-1)
   with tf.control_dependencies([check]):
     return tf.identity(value)
 
 
-def _instance_key(kind: str, value: tf.Tensor, workers):
-  """A new collective's instance key: a tensor where its shape is known at run time only."""
-  key = workers.next(_signature(kind, value))
-  if not _run_time_shape(value):
-    return key
-  return workers.key_for_shape(tf.shape(value))
+def _in_size_class(kind: str, value: tf.Tensor, workers):
+  """`value` flattened and padded to its size class; its size; the class's key.
+
+  TensorFlow's collectives keep the shape they first had under an instance
+  key: one key per size class, so a collective of another size never reuses
+  one.
+  """
+  workers.next(_signature(kind, value))  # still counted by the program check
+  flat = tf.reshape(value, [-1])
+  size = tf.size(flat, out_type=tf.int64)
+  padded, size_class = _size_class(size)
+  flat = tf.pad(flat, [[0, padded - size]])
+  return flat, size, workers.key_for_size_class(size_class)
+
+
+_MANTISSA_BITS = 6  # classes m * 2**e, m in [64, 128): at most 1/64 of padding
+_POWERS_OF_TWO = [1 << bit for bit in range(63)]
+
+
+def _size_class(size: tf.Tensor):
+  """The padded size for `size` elements (int64, elementwise), and its class.
+
+  Sizes under 128 are their own class; a larger size rounds up to the next
+  m * 2**e with m in [64, 128), class 128 + 64 (e - 1) + (m - 64). Distinct
+  classes for distinct padded sizes, and under 4,096 of them for any int64.
+  """
+  top = 1 << _MANTISSA_BITS
+  floor_log2 = tf.reduce_sum(tf.cast(size[..., None] >= _POWERS_OF_TWO, tf.int64), -1) - 1
+  shift = tf.maximum(floor_log2 - _MANTISSA_BITS, 0)
+  mantissa = tf.bitwise.right_shift(
+      size + tf.bitwise.left_shift(tf.constant(1, tf.int64), shift) - 1, shift)
+  carry = mantissa >= 2 * top  # rounded up to the next power of two
+  mantissa = tf.where(carry, mantissa // 2, mantissa)
+  shift = tf.where(carry, shift + 1, shift)
+  padded = tf.bitwise.left_shift(mantissa, shift)
+  size_class = tf.where(tf.equal(shift, 0), size,
+                        2 * top + (shift - 1) * top + (mantissa - top))
+  return padded, size_class
 
 
 def _run_time_shape(value: tf.Tensor) -> bool:
-  """Whether `value`'s collective takes its key at run time: known rank, some dim not.
-
-  (Of unknown rank, it keeps one key: a change of shape aborts, as in TensorFlow.)
-  """
-  return value.shape.rank is not None and not value.shape.is_fully_defined()
+  """Whether `value`'s collective takes its key at run time: some dim not static."""
+  return not value.shape.is_fully_defined()
 
 
 def _signature(kind: str, value: tf.Tensor):
@@ -114,10 +161,20 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
     return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), value.dtype)
   if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
     return _gather_bfloat16(value, workers)
-  gathered = collective_ops.all_gather_v2(
-      value, group_size=workers.num_workers, group_key=workers.group_key,
-      instance_key=_instance_key("Gather", value, workers), communication_hint="ring",
-      timeout=workers.timeout_s)
+
+  def gather(wire, key):
+    return collective_ops.all_gather_v2(
+        wire, group_size=workers.num_workers, group_key=workers.group_key,
+        instance_key=key, communication_hint="ring", timeout=workers.timeout_s)
+
+  if not _run_time_shape(value):
+    gathered = gather(value, workers.next(_signature("Gather", value)))
+  else:
+    flat, size, key = _in_size_class("Gather", value, workers)
+    rows = tf.reshape(gather(flat, key), [workers.num_workers, -1])[:, :size]
+    shape = tf.shape(value)
+    gathered = tf.reshape(rows, tf.concat([[workers.num_workers * shape[0]],
+                                           shape[1:]], 0))
   return _leading_times(gathered, value, workers.num_workers)
 
 

@@ -87,12 +87,13 @@ class CollectiveKeys:
   # TensorFlow keeps the shape a collective first had under its key for the
   # life of the process, and aborts every collective when a later call under
   # the same key has another shape. A collective whose shape is known only at
-  # run time (a short last batch, uneven batches) takes its key at run time,
-  # one per shape, from a range of its own: a slot of `_SHAPES_PER_SLOT` keys
-  # per such collective, the key in it chosen by a hash of the shape.
+  # run time (a short last batch, uneven batches) travels flattened and padded
+  # to a size class (`between_workers`), and takes its key at run time, one
+  # per class, from a range of its own: a slot of `_CLASSES_PER_SLOT` keys per
+  # such collective.
   _SHAPE_KEYS = 1 << 29
-  _SHAPES_PER_SLOT = 1 << 16
-  _SLOTS = ((1 << 30) - (1 << 29)) // _SHAPES_PER_SLOT
+  _CLASSES_PER_SLOT = 1 << 12
+  _SLOTS = ((1 << 30) - (1 << 29)) // _CLASSES_PER_SLOT
 
   def __init__(self, num_workers: int, worker_index: int, timeout_s: float,
                group_key: int = 1):
@@ -101,7 +102,7 @@ class CollectiveKeys:
     self.timeout_s = timeout_s
     self.group_key = group_key
     self.issued = 0  # keys given out by `next`
-    self.shape_slots = 0  # slots given out by `key_for_shape`
+    self.shape_slots = 0  # slots given out by `key_for_size_class`
     self._signatures = {}  # key -> what its collective carries
     self._checks = itertools.count(self._CHECK_KEYS)
     self._lock = threading.Lock()
@@ -113,12 +114,12 @@ class CollectiveKeys:
       self._signatures[self.issued] = signature
       return self.issued
 
-  def key_for_shape(self, shape: tf.Tensor) -> tf.Tensor:
-    """A new collective's instance key, at run time, for its run-time `shape`.
+  def key_for_size_class(self, size_class: tf.Tensor) -> tf.Tensor:
+    """A new collective's instance key, at run time, for its `size_class`.
 
-    Shapes that differ in the leading dim only (by under 65,536) never share
-    a key; others may, if their 16-bit hashes collide (TensorFlow's shape
-    check then stops the job with an error, never wrong numbers).
+    `size_class` (an int64 scalar in [0, 4096)) names the padded size the
+    collective carries; each class has a key of its own, so no two sizes
+    ever share one.
     """
     with self._lock:
       slot = self.shape_slots
@@ -129,11 +130,8 @@ class CollectiveKeys:
           "process, more than their instance keys allow; a step retraced on "
           "every call (a Python value that changes in its arguments, say) is "
           "the usual cause.")
-    # One-to-one in the leading dim (under 65,536 apart) for fixed other dims,
-    # the usual way a run-time shape changes (batches); a hash of the others.
-    shape = tf.cast(shape, tf.int64)
-    bucket = tf.math.floormod(shape[0] + _mix(shape[1:]), self._SHAPES_PER_SLOT)
-    return tf.cast(self._SHAPE_KEYS + slot * self._SHAPES_PER_SLOT + bucket, tf.int32)
+    return tf.cast(self._SHAPE_KEYS + slot * self._CLASSES_PER_SLOT
+                   + tf.cast(size_class, tf.int64), tf.int32)
 
   def signatures(self, after: int) -> list:
     """The signatures of the keys issued after key `after`, in order."""
@@ -142,24 +140,6 @@ class CollectiveKeys:
   def next_check(self) -> int:
     with self._lock:
       return next(self._checks)
-
-
-# SplitMix64's constants, as the int64s of the same bits
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
-
-
-def _mix(shape: tf.Tensor) -> tf.Tensor:
-  """A 64-bit hash of an int `shape` vector of static length (SplitMix64's steps)."""
-  shift = tf.bitwise.right_shift
-  h = tf.constant(shape.shape[0], tf.int64)
-  for dim in tf.unstack(tf.cast(shape, tf.int64)):
-    h = h * 31 + dim + _GOLDEN  # int64 arithmetic wraps
-    h = (h ^ shift(h, 30)) * _MIX1
-    h = (h ^ shift(h, 27)) * _MIX2
-    h = h ^ shift(h, 31)
-  return h
 
 
 class WorkerLost(RuntimeError):

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import catalogue
 import replicator
+from replicator import between_workers
 from replicator import cluster
 from replicator import collectives
 
@@ -132,6 +133,29 @@ def test_large_tensors_come_back_as_aligned_slices_of_the_sum(compression, sum_i
       want = (a.astype(np.float64) + b) / divisor
       np.testing.assert_array_less(np.abs(got.numpy() - want),
                                    bound * (np.abs(a) + np.abs(b)) / divisor + 1e-12)
+
+
+def test_run_time_sizes_take_one_key_per_padded_size():
+  """A collective of a run-time shape travels padded to its size class; a key
+  per class. TensorFlow aborts every collective when a key it saw carries
+  another shape, so two padded sizes must never share a class."""
+  rng = np.random.RandomState(0)
+  sizes = np.concatenate([
+      np.arange(5000), rng.randint(1, 2**62, 20000),
+      [2**k + d for k in range(7, 62) for d in (-1, 0, 1)]]).astype(np.int64)
+  padded, classes = (t.numpy() for t in tf.function(between_workers._size_class)(
+      tf.constant(sizes)))
+  assert np.all(padded >= sizes) and np.all((padded - sizes) * 64 <= sizes)
+  assert np.all(padded[sizes < 128] == sizes[sizes < 128])
+  assert classes.min() >= 0 and classes.max() < cluster.CollectiveKeys._CLASSES_PER_SLOT
+  by_class = {}
+  for size_class, size in zip(classes, padded):
+    assert by_class.setdefault(size_class, size) == size, (size_class, size)
+  assert len(set(padded.tolist())) == len(by_class)  # and one class per size
+  # Padded to a size class, a 1-D collective's shape names its key's class.
+  padded_again, _ = (t.numpy() for t in tf.function(between_workers._size_class)(
+      tf.constant(padded)))
+  np.testing.assert_array_equal(padded_again, padded)
 
 
 def test_buckets_cross_workers_last_layer_first():

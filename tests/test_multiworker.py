@@ -332,6 +332,8 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["AGAIN"] == "AGAIN [18.0, 18.0, 18.0]", out
     assert lines["COLLIDE"] == "COLLIDE [2048. 2050.]", out
     assert lines["COLLIDE2"] == "COLLIDE2 [976. 978.]", out
+    assert lines["COLLIDE3"] == "COLLIDE3 (7, 123) [4.0]", out
+    assert lines["UNKNOWN_RANK"] == "UNKNOWN_RANK (7, 123) [4.0]", out
     assert lines["EMPTY"] == "EMPTY (1, 0, 3)", out
     # a reduction of values whose shapes differ at run time: an error on each
     assert lines["REDUCE"] == "REDUCE True", out

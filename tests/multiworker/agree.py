@@ -10,6 +10,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import numpy as np
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import replicator
@@ -117,6 +118,19 @@ def main():
       lambda i: tf.cast(i, tf.float32)).batch(488)
   print(f"COLLIDE2 {repl.run(lambda x: repl.all_sum(x), collide2, steps=2).numpy()[0][:2]}",
         flush=True)
+  # [1, 17] then [7, 123]: the shapes' old 16-bit hashes collided (an abort)
+  collide3 = lambda ctx: tf.data.Dataset.range(2).map(lambda i: tf.fill(
+      tf.where(i == 0, [1, 17], [7, 123]), tf.cast(i + 1, tf.float32)))
+  total = repl.run(lambda x: repl.all_sum(x), collide3, steps=2).numpy()[0]
+  print(f"COLLIDE3 {total.shape} {np.unique(total).tolist()}", flush=True)
+
+  def unknown_rank(x):  # a reduction of unknown rank, of either shape
+    total = repl.all_sum(tf.reshape(x, tf.boolean_mask(tf.shape(x), tf.shape(x) > 0)))
+    return tf.ensure_shape(total, [None, None])
+
+  repl.reset_input(collide3)
+  total = repl.run(unknown_rank, collide3, steps=2).numpy()[0]
+  print(f"UNKNOWN_RANK {total.shape} {np.unique(total).tolist()}", flush=True)
   # parts empty on every worker (TensorFlow's gather of them crashed)
   empty = repl.run(lambda: repl.all_gather(tf.zeros([0, 3])))
   print(f"EMPTY {empty.numpy().shape}", flush=True)
