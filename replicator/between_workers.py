@@ -94,7 +94,9 @@ def _in_size_class(kind: str, value: tf.Tensor, workers):
   flat = tf.reshape(value, [-1])
   size = tf.size(flat, out_type=tf.int64)
   padded, size_class = _size_class(size)
-  flat = tf.pad(flat, [[0, padded - size]])
+  # Never empty: TensorFlow's gather of empty tensors crashes the process
+  # (size 0 travels as 1 element, in a class of its own).
+  flat = tf.pad(flat, [[0, tf.maximum(padded, 1) - size]])
   return flat, size, workers.key_for_size_class(size_class)
 
 
@@ -167,7 +169,12 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
         wire, group_size=workers.num_workers, group_key=workers.group_key,
         instance_key=key, communication_hint="ring", timeout=workers.timeout_s)
 
-  if not _run_time_shape(value):
+  if value.shape.num_elements() == 0:  # TensorFlow's gather of empty tensors crashes
+    done = gather(tf.zeros([1], value.dtype), workers.next(_signature("Gather", value)))
+    with tf.control_dependencies([done]):
+      gathered = tf.zeros([workers.num_workers * value.shape[0]] + value.shape[1:],
+                          value.dtype)
+  elif not _run_time_shape(value):
     gathered = gather(value, workers.next(_signature("Gather", value)))
   else:
     flat, size, key = _in_size_class("Gather", value, workers)

@@ -112,9 +112,6 @@ def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
              "sizes at run time. Give it one static size on every worker, or none "
              "on any. Each worker's static size (-1: none) and size:",
              declared, sizes], summarize=-1)]
-    # Parts empty on every worker still travel one row: TensorFlow's gather
-    # of empty tensors crashes the process.
-    most = tf.maximum(most, 1)
     with tf.control_dependencies(checks):
       padding = [[0, most - tf.shape(front, out_type=tf.int64)[0]]]
       padded = tf.pad(front, padding + [[0, 0]] * (front.shape.rank - 1))

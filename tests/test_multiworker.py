@@ -335,6 +335,7 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["COLLIDE3"] == "COLLIDE3 (7, 123) [4.0]", out
     assert lines["UNKNOWN_RANK"] == "UNKNOWN_RANK (7, 123) [4.0]", out
     assert lines["EMPTY"] == "EMPTY (1, 0, 3)", out
+    assert lines["EMPTY_COLUMNS"] == "EMPTY_COLUMNS (1, 4, 0) (1, 5, 0)", out
     # a reduction of values whose shapes differ at run time: an error on each
     assert lines["REDUCE"] == "REDUCE True", out
     assert lines["WIDE"] == "WIDE True", out

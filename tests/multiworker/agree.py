@@ -134,6 +134,12 @@ def main():
   # parts empty on every worker (TensorFlow's gather of them crashed)
   empty = repl.run(lambda: repl.all_gather(tf.zeros([0, 3])))
   print(f"EMPTY {empty.numpy().shape}", flush=True)
+  # ... or empty in another dim, of a static or a run-time shape (crashed too)
+  empty = repl.run(lambda: repl.all_gather(tf.zeros([2, 0])))
+  no_columns = lambda ctx: replicator.allow_uneven_batches(tf.data.Dataset.range(1).map(
+      lambda i: tf.zeros(tf.stack([i + 2 + worker, i]))))
+  uneven = repl.run(lambda x: repl.all_gather(x), no_columns)
+  print(f"EMPTY_COLUMNS {empty.numpy().shape} {uneven.numpy().shape}", flush=True)
 
   def uneven_sum(ctx):  # batches of 2 on the chief, of 1 on the other worker
     ds = tf.data.Dataset.range(4).map(lambda i: tf.cast(i, tf.float32))
