@@ -3,11 +3,10 @@
 On one worker the parts are concatenated in the step's graph. Across workers
 they may differ in size along the gathered axis (uneven batches, a different
 number of scattered rows on each worker), which TensorFlow's gather
-collective refuses by aborting every collective of the job for good. So the
-workers first exchange their parts' shapes (one small collective for all the
-tensors of a call, on every worker whatever its static shapes, so that every
-worker runs the same collectives), check them, pad each part to the largest,
-gather, and drop the padding.
+collective refuses by aborting every collective of the job for good. So,
+unless a part's shape is static (then it is every worker's), the workers first
+exchange their parts' shapes (one small collective for all such tensors of a
+call), check them, pad each part to the largest, gather, and drop the padding.
 """
 
 from typing import List, Sequence
@@ -63,10 +62,18 @@ def _to_front(value: tf.Tensor, axis: int):
 
 def _across_workers(local: List[tf.Tensor], axis: int, workers) -> List[tf.Tensor]:
   fronts, inverses = zip(*[_to_front(value, axis) for value in local])
-  if isinstance(workers, between_workers.StandInWorkers):  # the build trace's shapes
-    gathered = [between_workers.gather_workers(front, workers) for front in fronts]
-  else:
-    gathered = _gather_uneven(list(fronts), workers)
+  # A part of a static shape is that shape on every worker (the program check
+  # compares static shapes; a worker where it is not static would trace more
+  # collectives, which the check refuses): gathered at once. The others'
+  # sizes travel first.
+  uneven = [index for index, front in enumerate(fronts)
+            if not front.shape.is_fully_defined()
+            and not isinstance(workers, between_workers.StandInWorkers)]
+  gathered = dict(zip(uneven, _gather_uneven([fronts[i] for i in uneven], workers)
+                      if uneven else []))
+  gathered = [gathered[index] if index in gathered
+              else between_workers.gather_workers(front, workers)
+              for index, front in enumerate(fronts)]
   return [front if inverse is None else tf.transpose(front, inverse)
           for front, inverse in zip(gathered, inverses)]
 

@@ -126,11 +126,10 @@ def all_gather(value, axis: int = 0):
     parts = [gathering.gather_part(x, axis) for x in xs]
     workers = replica.group.workers
     one_trace = workers is None or workers.num_workers == 1
-    if one_trace and all(part.shape.rank and part.shape[axis] is not None
-                         for part in parts):
-      # Static sizes are every replica's (one trace): no collective needed.
-      # Other workers' sizes may be static where these are not: every worker
-      # takes the collective below.
+    if all(part.shape.rank and part.shape[axis] is not None
+           and (one_trace or part.shape.is_fully_defined()) for part in parts):
+      # Static sizes are every replica's (one trace; across workers, a static
+      # shape is every worker's, as in `gathering`): no collective needed.
       sizes = [part.shape[axis] for part in parts]
       starts = [size * replica.replica_id for size in sizes]
     else:

@@ -10,6 +10,7 @@ import replicator
 from replicator import between_workers
 from replicator import cluster
 from replicator import collectives
+from replicator import gathering
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
 # Relative rounding bound of each compression (half an ulp is 2**-8 / 2**-11).
@@ -156,6 +157,23 @@ def test_run_time_sizes_take_one_key_per_padded_size():
   padded_again, _ = (t.numpy() for t in tf.function(between_workers._size_class)(
       tf.constant(padded)))
   np.testing.assert_array_equal(padded_again, padded)
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_gather_across_workers_sends_sizes_only_for_shapes_not_static(static):
+  """Parts of a static shape are every worker's (the program check compares
+  static shapes): one collective each. Others first exchange their shapes."""
+  workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
+  spec = tf.TensorSpec([3, 4] if static else [None, 4], tf.float32)
+
+  @tf.function(input_signature=[spec, spec])
+  def fn(a, b):
+    return gathering.all_gather([[a, b]], 0, ["/device:CPU:0"], workers=workers)
+
+  graph = fn.get_concrete_function().graph
+  gathers = [op for op in graph.get_operations() if op.type == "CollectiveGatherV2"]
+  assert len(gathers) == (2 if static else 3)
+  assert workers.issued == len(gathers)
 
 
 def test_buckets_cross_workers_last_layer_first():

@@ -95,6 +95,11 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       part = parts[2 * w + r]
       weights = 1.0 + np.arange(start, start + len(part))
       np.testing.assert_allclose(got["uneven_dw"][r], n * (part * weights).sum())
+      # Parts of a static shape: replica q's part is rows 3q to 3q + 2.
+      start = x[0].size * (2 * w + r)
+      weights = 1.0 + np.arange(start, start + x[0].size)
+      np.testing.assert_allclose(got["static_dw"][r],
+                                 n * (x[2 * w + r].ravel() * weights).sum(), rtol=1e-6)
       scale = np.abs(x).sum(0)
       for j, factor in enumerate([1, 2]):
         # bfloat16 on the wire: 4 values and 3 sums rounded (2**-8 each) ...

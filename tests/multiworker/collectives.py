@@ -89,6 +89,15 @@ def main():
             "bf16": tf.cast(repl.all_gather(tf.cast(x, tf.bfloat16)), tf.float32),
             "bool": repl.all_gather(x > 100.5)}
 
+  def static_grad_step():  # parts of one static shape: no sizes travel
+    x = tf.gather(tf.constant(table), repl.replica_id)
+    with tf.GradientTape() as tape:
+      gathered = repl.all_gather(x * w)
+      weights = 1.0 + tf.range(tf.cast(tf.size(gathered), tf.float32))
+      loss = tf.reduce_sum(gathered * tf.reshape(weights, tf.shape(gathered)))
+    return tape.gradient(loss, w)
+
+  out["static_dw"] = repl.run(static_grad_step).numpy()
   # 2 steps in one call: sizes change from step to step and differ between
   # workers (a gather that TensorFlow's collective refuses without padding).
   uneven = repl.run(uneven_step, uneven_input(repl.mesh.worker_index), steps=2)
