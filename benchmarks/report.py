@@ -24,6 +24,7 @@ COMMANDS = {
     "scaling": "python -m benchmarks.scaling --workers 1,2,4 --rounds 3 --iters 10",
     "gan_step": "python -m benchmarks.gan_step --batch 64 --rounds 5",
     "checkpoint_roundtrip": "python -m benchmarks.checkpoint_roundtrip",
+    "gather_step": "python -m benchmarks.gather_step --workers 2,4 --rounds 3",
 }
 # Run on the device machine (benchmarks/DEVICE.md), not by `run_all`: their JSON comes
 # back from there into results/.
@@ -184,6 +185,23 @@ def checkpoint_section(r):
              ["", "replicator.Checkpointer, s", "tf.train.Checkpoint, s", "ours / plain"])])
 
 
+def gather_section(r):
+  ms = r["ms_per_step (best of rounds)"]
+  losses = r.get("loss of worker 0 after the same steps (last round)", {})
+  rows = [[k, f"{v:.2f}", f"{losses[k]:.6f}" if k in losses else ""]
+          for k, v in ms.items()]
+  each = r["MWMS / ours (each round)"]
+  versus = [[w, f"{value:.2f}x", f"{min(each[w]):.2f}x - {max(each[w]):.2f}x"]
+            for w, value in r["MWMS / ours (best of rounds)"].items()]
+  return "\n\n".join([
+      "## All-gather in a training step (contrastive loss over the global batch, "
+      f"{r['batch_per_worker']} x {r['dim']} embeddings per worker, differentiated)",
+      f"`{COMMANDS['gather_step']}` (each worker process: cores / W intra-op threads; "
+      "ms: worker 0's median call, 5 steps a call, best of the rounds)",
+      _table(rows, ["variant", "ms/step", "worker 0's loss after the same steps"]),
+      _table(versus, ["same W", "MWMS / ours, best of rounds", "round by round"])])
+
+
 def resnet50_section(r):
   best = r["images_per_second (best of rounds)"]
   rows = [[k, f"{v:.0f}"] for k, v in best.items()]
@@ -212,7 +230,8 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
   machine = None
   for name, section in (("step_rate", step_rate_section), ("allreduce", allreduce_section),
                         ("scaling", scaling_section), ("gan_step", gan_section),
-                        ("checkpoint_roundtrip", checkpoint_section)):
+                        ("checkpoint_roundtrip", checkpoint_section),
+                        ("gather_step", gather_section)):
     result = _load(name)
     if result is None:
       sections.append(f"## {name}\n\nNot run yet: `{COMMANDS[name]}`.")
