@@ -65,15 +65,15 @@ def agreed_element_spec(element_spec, workers, device: str):
   A batch dim static on one worker (`drop_remainder=True`) and unknown on
   another is still one program; traced unknown on every worker, it gives
   every worker the same collectives (one of a shape known only at run time
-  takes its key at run time, on every worker alike). Two collectives, once
-  per compiled step.
+  takes its key at run time, on every worker alike). Dense, ragged and sparse
+  leaves alike. Two collectives, once per compiled step.
   """
   if workers is None or element_spec is None:
     return element_spec
-  leaves = tf.nest.flatten(element_spec)
-  dense = [isinstance(s, tf.TensorSpec) and s.shape.rank is not None for s in leaves]
+  leaves = tf.nest.flatten(element_spec, expand_composites=False)
+  shaped = [isinstance(s, _SHAPED) and s.shape.rank is not None for s in leaves]
   dims = [-1 if d is None else d
-          for leaf, is_dense in zip(leaves, dense) if is_dense
+          for leaf, has_shape in zip(leaves, shaped) if has_shape
           for d in leaf.shape.as_list()]
 
   fewest, most = between_workers.checked_min_and_max([len(dims)], workers, device)
@@ -82,17 +82,45 @@ def agreed_element_spec(element_spec, workers, device: str):
   low, high = between_workers.checked_min_and_max(dims, workers, device)
   agreed = iter([l if l == h and l >= 0 else None for l, h in zip(low, high)])
   return tf.nest.pack_sequence_as(element_spec, [
-      tf.TensorSpec([next(agreed) for _ in leaf.shape], leaf.dtype, leaf.name)
-      if is_dense else leaf for leaf, is_dense in zip(leaves, dense)])
+      _with_shape(leaf, [next(agreed) for _ in leaf.shape]) if has_shape else leaf
+      for leaf, has_shape in zip(leaves, shaped)])
+
+
+_SHAPED = (tf.TensorSpec, tf.RaggedTensorSpec, tf.SparseTensorSpec)
+
+
+def _with_shape(spec, shape):
+  if isinstance(spec, tf.RaggedTensorSpec):
+    return tf.RaggedTensorSpec(shape, spec.dtype, spec.ragged_rank,
+                               spec.row_splits_dtype)
+  if isinstance(spec, tf.SparseTensorSpec):
+    return tf.SparseTensorSpec(shape, spec.dtype)
+  return tf.TensorSpec(shape, spec.dtype, spec.name)
 
 
 def relaxed(element, spec):
   """`element` with the static shapes of `spec` (`agreed_element_spec`'s)."""
   def relax(value, leaf):
-    if not isinstance(leaf, tf.TensorSpec) or value.shape == leaf.shape:
+    if not isinstance(leaf, _SHAPED) or value.shape == leaf.shape:
       return value
-    return tf.compat.v1.placeholder_with_default(value, leaf.shape)
-  return tf.nest.map_structure(relax, element, spec)
+    if isinstance(value, tf.RaggedTensor):  # its row counts and inner dims
+      inner = leaf.shape[value.ragged_rank + 1:]
+      return tf.RaggedTensor.from_nested_row_splits(
+          _unknown(value.flat_values, [None] + inner),
+          [_unknown(splits, [None]) for splits in value.nested_row_splits],
+          validate=False)
+    if isinstance(value, tf.SparseTensor):  # its dense shape, dim by dim
+      dense_shape = _unknown(value.dense_shape, [leaf.shape.rank])
+      return tf.SparseTensor(value.indices, value.values, tf.stack(
+          [dense_shape[i] if dim is None else tf.constant(dim, tf.int64)
+           for i, dim in enumerate(leaf.shape.as_list())]))
+    return _unknown(value, leaf.shape)
+  return tf.nest.map_structure(relax, element, spec, expand_composites=False)
+
+
+def _unknown(value: tf.Tensor, shape) -> tf.Tensor:
+  """`value`, with only the static `shape` (a placeholder that defaults to it)."""
+  return tf.compat.v1.placeholder_with_default(value, shape)
 
 
 class BatchFetcher:

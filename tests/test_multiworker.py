@@ -339,6 +339,9 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["COLLIDE2"] == "COLLIDE2 [976. 978.]", out
     assert lines["COLLIDE3"] == "COLLIDE3 (7, 123) [4.0]", out
     assert lines["UNKNOWN_RANK"] == "UNKNOWN_RANK (7, 123) [4.0]", out
+    # step 3: [0, 1] and [0, 1, 2] on each worker, a sum of 4 each
+    assert lines["RAGGED"] == "RAGGED [2, 3, 2, 3] 8", out
+    assert lines["SPARSE"] == "SPARSE [0, 6, 0, 6]", out
     assert lines["EMPTY"] == "EMPTY (1, 0, 3)", out
     assert lines["EMPTY_COLUMNS"] == "EMPTY_COLUMNS (1, 4, 0) (1, 5, 0)", out
     # a reduction of values whose shapes differ at run time: an error on each

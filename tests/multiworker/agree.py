@@ -131,6 +131,19 @@ def main():
   repl.reset_input(collide3)
   total = repl.run(unknown_rank, collide3, steps=2).numpy()[0]
   print(f"UNKNOWN_RANK {total.shape} {np.unique(total).tolist()}", flush=True)
+  # ragged and sparse batches of a static size on the chief only (the ragged
+  # one traced other collectives on each worker: ProgramsDiffer)
+  lengths = lambda ctx: tf.data.Dataset.range(6).map(
+      lambda i: tf.range(i % 3 + 1)).ragged_batch(2, drop_remainder=worker == 0)
+  gathered, total = repl.run(
+      lambda x: (repl.all_gather(x.row_lengths()), repl.all_sum(tf.reduce_sum(x))),
+      lengths, steps=3)
+  print(f"RAGGED {gathered.numpy()[0].tolist()} {total.numpy()[0]}", flush=True)
+  sparse = lambda ctx: tf.data.Dataset.range(6).map(lambda i: tf.sparse.from_dense(
+      tf.range(4, dtype=tf.int64) * (i % 2))).batch(2, drop_remainder=worker == 0)
+  gathered = repl.run(
+      lambda x: repl.all_gather(tf.reduce_sum(tf.sparse.to_dense(x), 1)), sparse, steps=3)
+  print(f"SPARSE {gathered.numpy()[0].tolist()}", flush=True)
   # parts empty on every worker (TensorFlow's gather of them crashed)
   empty = repl.run(lambda: repl.all_gather(tf.zeros([0, 3])))
   print(f"EMPTY {empty.numpy().shape}", flush=True)
