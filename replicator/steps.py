@@ -212,6 +212,8 @@ class CompiledStep:
     n = len(self._devices)
 
     def zeros(spec):
+      if spec.shape.rank is None:  # any shape will do (tf.py_function's outputs)
+        return tf.zeros([n], spec.dtype)
       shape = [n] + [d if d is not None else 0 for d in spec.shape.as_list()]
       return tf.zeros(shape, spec.dtype)
     return tuple(zeros(spec) for spec in self._current.tensor_specs)

@@ -180,6 +180,22 @@ def test_a_step_runs_only_on_batches_of_one_size(name, short):
   assert int(steps_taken) == 2 * info.value.steps_completed
 
 
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_step_may_return_values_of_unknown_rank(name, steps):
+  """As a tf.py_function's outputs (the loop's initial outputs needed a rank)."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+
+  def input_fn(ctx):
+    ds = tf.data.Dataset.range(4 * n).map(lambda i: tf.fill([2], i))
+    return ds.map(lambda x: tf.py_function(lambda v: v * 10, [x], tf.int64))
+
+  out = repl.run(lambda batch: batch + 1, input_fn, steps=steps)
+  last = (steps - 1) * n + np.arange(n)
+  np.testing.assert_array_equal(out.numpy(), [[10 * i + 1] * 2 for i in last])
+
+
 @pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
 def test_batches_of_different_sizes_run_where_the_input_allows_them(name):
   repl = catalogue.make(name)
