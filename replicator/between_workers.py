@@ -66,8 +66,7 @@ def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
   if value.shape.rank is None:
     shape = _same_everywhere(shape, tf.reshape(tf.size(shape, out_type=tf.int64), [1]),
                              workers, "ranks")
-  value = _same_everywhere(value, shape, workers, "shapes")
-  return value
+  return _same_everywhere(value, shape, workers, "shapes")
 
 
 def _same_everywhere(value: tf.Tensor, figures: tf.Tensor, workers, what: str):
