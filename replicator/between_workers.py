@@ -89,7 +89,10 @@ def _in_size_class(kind: str, value: tf.Tensor, workers):
   key: one key per size class, so a collective of another size never reuses
   one.
   """
-  workers.next(_signature(kind, value))  # still counted by the program check
+  # Its own kind for the program check: a collective of this shape static on
+  # another worker has another key there (a static one), and the dims alone
+  # would match (an unknown dim matches any).
+  workers.next(_signature(f"{kind} (run-time shape)", value))
   flat = tf.reshape(value, [-1])
   size = tf.size(flat, out_type=tf.int64)
   padded, size_class = _size_class(size)

@@ -62,18 +62,10 @@ def _to_front(value: tf.Tensor, axis: int):
 
 def _across_workers(local: List[tf.Tensor], axis: int, workers) -> List[tf.Tensor]:
   fronts, inverses = zip(*[_to_front(value, axis) for value in local])
-  # A part of a static shape is that shape on every worker (the program check
-  # compares static shapes; a worker where it is not static would trace more
-  # collectives, which the check refuses): gathered at once. The others'
-  # sizes travel first.
-  uneven = [index for index, front in enumerate(fronts)
-            if not front.shape.is_fully_defined()
-            and not isinstance(workers, between_workers.StandInWorkers)]
-  gathered = dict(zip(uneven, _gather_uneven([fronts[i] for i in uneven], workers)
-                      if uneven else []))
-  gathered = [gathered[index] if index in gathered
-              else between_workers.gather_workers(front, workers)
-              for index, front in enumerate(fronts)]
+  if isinstance(workers, between_workers.StandInWorkers):  # the build trace's shapes
+    gathered = [between_workers.gather_workers(front, workers) for front in fronts]
+  else:
+    gathered = _gather_uneven(list(fronts), workers)
   return [front if inverse is None else tf.transpose(front, inverse)
           for front, inverse in zip(gathered, inverses)]
 
@@ -81,20 +73,32 @@ def _across_workers(local: List[tf.Tensor], axis: int, workers) -> List[tf.Tenso
 def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
   """Every worker's `fronts` concatenated along axis 0; sizes there may differ.
 
+  A part of a static shape is that shape on every worker (the program check
+  compares static shapes, and a collective of a shape static on one worker
+  only is another kind to it): gathered at once. The other parts' shapes
+  travel first. Gathered in the parts' order, so that the program check sees
+  which is which.
+
   The result's size is static where the part's is on this worker: a run-time
   check makes every worker's part that size (the program check already made
   every worker's static dims agree, with unknown ones as wildcards).
   """
   num_workers = workers.num_workers
+  uneven = [not front.shape.is_fully_defined() for front in fronts]
+  if not any(uneven):
+    return [between_workers.gather_workers(front, workers) for front in fronts]
   # Per tensor: (static size or -1, then the run-time shape), in one vector.
   mine = tf.concat([
       tf.concat([tf.constant([-1 if front.shape[0] is None else front.shape[0]],
                              tf.int64),
                  tf.shape(front, out_type=tf.int64)], 0)
-      for front in fronts], 0)
+      for front, is_uneven in zip(fronts, uneven) if is_uneven], 0)
   every = tf.reshape(between_workers.gather_workers(mine, workers), [num_workers, -1])
   out, start = [], 0
   for index, front in enumerate(fronts):
+    if not uneven[index]:
+      out.append(between_workers.gather_workers(front, workers))
+      continue
     width = 1 + front.shape.rank
     shapes = every[:, start + 1:start + width]
     declared = every[:, start]

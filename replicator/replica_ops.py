@@ -126,10 +126,15 @@ def all_gather(value, axis: int = 0):
     parts = [gathering.gather_part(x, axis) for x in xs]
     workers = replica.group.workers
     one_trace = workers is None or workers.num_workers == 1
-    if all(part.shape.rank and part.shape[axis] is not None
-           and (one_trace or part.shape.is_fully_defined()) for part in parts):
-      # Static sizes are every replica's (one trace; across workers, a static
-      # shape is every worker's, as in `gathering`): no collective needed.
+    # Replicas trace apart, so a static size may differ between them (rows
+    # picked by replica_id): compared over the local replicas, at trace time.
+    same_static = replica.collective(
+        "the static part sizes of all_gather", parts,
+        lambda values: [[_one_static_size(values, axis, one_trace)]] * len(values))[0]
+    if same_static:
+      # One static size on every local replica; across workers, a static
+      # shape is every worker's too (the program check compares the
+      # gather's, as in `gathering`): no collective needed.
       sizes = [part.shape[axis] for part in parts]
       starts = [size * replica.replica_id for size in sizes]
     else:
@@ -151,6 +156,19 @@ def all_gather(value, axis: int = 0):
       lambda values, group: gathering.all_gather(
           values, axis, group.devices, workers=group.workers), grad,
       lambda flat: [gathering.gather_part(t, axis) for t in flat])
+
+
+def _one_static_size(values, axis: int, one_trace: bool) -> bool:
+  """Whether each part has one static size along `axis` on every replica.
+
+  `values[r]`: replica r's parts. With several workers, a fully static shape
+  (the one that `gathering` gathers without exchanging sizes).
+  """
+  def static(part):
+    return (part.shape.rank and part.shape[axis] is not None
+            and (one_trace or part.shape.is_fully_defined()))
+  return all(static(part) and part.shape[axis] == values[0][i].shape[axis]
+             for parts in values for i, part in enumerate(parts))
 
 
 def broadcast(value, source_replica: int = 0):

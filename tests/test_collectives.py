@@ -485,3 +485,29 @@ def test_all_gather_gradient_with_uneven_batches(axis):
   want = tape.gradient(total, v).numpy()
   for r in range(4):
     np.testing.assert_allclose(got[r], want, rtol=1e-5)
+
+
+def test_all_gather_gradient_of_static_parts_that_differ_between_replicas():
+  """Rows picked by replica_id (2, 3, 2 and 3 of a 10-row table): each
+  replica's size is static in its own trace, and differs between them (the
+  gradient took replica 0's size for every replica)."""
+  repl = catalogue.make("multi_gpu_4")
+  table = np.arange(30, dtype=np.float32).reshape(10, 3)
+  bounds = [r * 10 // 4 for r in range(5)]
+
+  def step_fn():
+    r = repl.replica_id
+    x = tf.constant(table)[r * 10 // 4:(r + 1) * 10 // 4]
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      gathered = repl.all_gather(x)
+      # d loss / d gathered: the table (sliced: the build trace, of replica 0
+      # alone, sees 4 x 2 rows)
+      loss = tf.reduce_sum(gathered * tf.constant(table)[:tf.shape(gathered)[0]])
+    grad = tf.reshape(tape.gradient(loss, x), [-1])
+    return tf.pad(grad, [[0, 9 - tf.size(grad)]])
+
+  got = repl.run(step_fn).numpy()
+  for r in range(4):  # every replica's loss weighs replica r's rows alike
+    want = 4 * table[bounds[r]:bounds[r + 1]].ravel()
+    np.testing.assert_array_equal(got[r][:want.size], want)

@@ -339,6 +339,7 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["COLLIDE2"] == "COLLIDE2 [976. 978.]", out
     assert lines["COLLIDE3"] == "COLLIDE3 (7, 123) [4.0]", out
     assert lines["UNKNOWN_RANK"] == "UNKNOWN_RANK (7, 123) [4.0]", out
+    assert lines["SWAPPED"] == "SWAPPED True", out
     # step 3: [0, 1] and [0, 1, 2] on each worker, a sum of 4 each
     assert lines["RAGGED"] == "RAGGED [2, 3, 2, 3] 8", out
     assert lines["SPARSE"] == "SPARSE [0, 6, 0, 6]", out

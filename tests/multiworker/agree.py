@@ -131,6 +131,19 @@ def main():
   repl.reset_input(collide3)
   total = repl.run(unknown_rank, collide3, steps=2).numpy()[0]
   print(f"UNKNOWN_RANK {total.shape} {np.unique(total).tolist()}", flush=True)
+  def swapped_fn():  # two parts, static on one worker and not on the other, swapped
+    a, b = tf.ones([4, 3]), 2 * tf.ones([4, 3])
+    if worker == 0:
+      b = tf.boolean_mask(b, b[:, 0] > 0)
+    else:
+      a = tf.boolean_mask(a, a[:, 0] > 0)
+    return repl.all_gather([a, b])
+
+  try:  # the parts paired wrongly, silently (the same collectives in all)
+    repl.run(swapped_fn)
+    print("SWAPPED ran", flush=True)
+  except ValueError as error:  # ProgramsDiffer
+    print(f"SWAPPED {'(run-time shape)' in str(error)}", flush=True)
   # ragged and sparse batches of a static size on the chief only (the ragged
   # one traced other collectives on each worker: ProgramsDiffer)
   lengths = lambda ctx: tf.data.Dataset.range(6).map(
