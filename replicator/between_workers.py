@@ -34,6 +34,10 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   """Combines this worker's `value` with the other workers' (gRPC collective)."""
   if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
     return value
+  if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
+    wider = _REDUCED_WIDER[value.dtype]
+    return tf.cast(across_workers(tf.cast(value, wider), merge_op, workers, instance_key),
+                   value.dtype)
 
   def reduce(wire, key):
     return collective_ops.all_reduce_v2(
@@ -48,6 +52,10 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   total = tf.reshape(reduce(flat, key)[:size], tf.shape(value))
   total.set_shape(value.shape)
   return total
+
+
+_REDUCED_WIDER = {tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32,
+                  tf.uint16: tf.int32, tf.uint32: tf.int64}
 
 
 def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:

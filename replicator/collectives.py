@@ -67,8 +67,11 @@ def _sum_wide(parts, device, workers) -> tf.Tensor:
     mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
     mine = between_workers.same_shape_everywhere(mine, workers)
     gathered = between_workers.gather_workers(mine, workers)
-    return tf.reduce_sum(
-        tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0)
+    total = tf.reshape(tf.reduce_sum(
+        tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0),
+                       tf.shape(mine))  # a single tensor is not packed flat
+    total.set_shape(mine.shape)
+    return total
 
 
 def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):

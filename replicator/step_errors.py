@@ -74,7 +74,8 @@ def different_output_shapes(step_fn, shapes=None) -> str:
 
 def output_shape_error(error: tf.errors.OpError, step_fn):
   """A clear error when stacking the replicas' outputs failed at run time."""
-  if _STACKED_OUTPUTS not in str(error):
+  if (not isinstance(error, tf.errors.InvalidArgumentError)
+      or _STACKED_OUTPUTS not in str(error)):
     return None
   return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
 
@@ -84,6 +85,9 @@ def stack_over_replicas(values, step_fn):
   shapes = [value.shape for value in values]
   if not all(shape.is_compatible_with(shapes[0]) for shape in shapes):
     raise ValueError(different_output_shapes(step_fn, shapes))
+  if values[0].dtype == tf.uint16:  # stacked copies of one value become a Tile: no uint16 kernel
+    return tf.cast(tf.stack([tf.cast(v, tf.int32) for v in values],
+                            name=_STACKED_OUTPUTS), tf.uint16)
   return tf.stack(values, name=_STACKED_OUTPUTS)
 
 

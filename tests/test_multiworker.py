@@ -100,6 +100,12 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       weights = 1.0 + np.arange(start, start + x[0].size)
       np.testing.assert_allclose(got["static_dw"][r],
                                  n * (x[2 * w + r].ravel() * weights).sum(), rtol=1e-6)
+      assert got["int8_sum"].dtype == np.int8 and got["uint16_broadcast"].dtype == np.uint16
+      np.testing.assert_array_equal(got["int8_sum"][r], i.sum(0))
+      np.testing.assert_array_equal(got["int8_max"][r], i.max(0))
+      np.testing.assert_array_equal(got["uint16_broadcast"][r], i[n - 1] + 100)
+      err = np.abs(got["bf16_sum_in_float32_one"][r] - exact)  # its shape, [3, 4]
+      assert np.all(err <= 2 * 2.0**-8 * np.abs(x).sum(0)), err.max()
       scale = np.abs(x).sum(0)
       for j, factor in enumerate([1, 2]):
         # bfloat16 on the wire: 4 values and 3 sums rounded (2**-8 each) ...

@@ -67,6 +67,12 @@ def main():
     # The compressed paths go through the gradient reduction's packing.
     out["bf16"] = repl.all_reduce([x, 2 * x], options=compressed)
     out["bf16_sum_in_float32"] = repl.all_reduce([x, 2 * x], options=wide)
+    out["bf16_sum_in_float32_one"] = repl.all_reduce(x, options=wide)  # not packed
+    # No collective kernel for 8- and 16-bit integers: they travel as int32.
+    small = tf.cast(i, tf.int8)
+    out.update({"int8_sum": repl.all_sum(small), "int8_max": repl.all_max(small),
+                "uint16_broadcast": repl.broadcast(tf.cast(i + 100, tf.uint16),
+                                                   source_replica=n - 1)})
     metric.update_state(x)
     bank.scatter_update(tf.IndexedSlices(x[:1], tf.reshape(repl.replica_id, [1])))
     return out
