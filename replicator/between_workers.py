@@ -38,6 +38,12 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
     wider = _REDUCED_WIDER[value.dtype]
     return tf.cast(across_workers(tf.cast(value, wider), merge_op, workers, instance_key),
                    value.dtype)
+  if value.dtype == tf.uint64:  # as int64 bits: sums wrap alike; the order, sign bit flipped
+    flip = (lambda v: v) if merge_op == "Add" else (
+        lambda v: tf.bitwise.bitwise_xor(v, tf.constant(1 << 63, tf.uint64)))
+    signed = across_workers(tf.bitcast(flip(value), tf.int64), merge_op, workers,
+                            instance_key)
+    return flip(tf.bitcast(signed, tf.uint64))
 
   def reduce(wire, key):
     return collective_ops.all_reduce_v2(
@@ -157,6 +163,7 @@ def min_and_max_across_workers(value: tf.Tensor, workers,
 
 
 _GATHERED_AS_INT32 = (tf.bool, tf.int8, tf.uint8, tf.int16, tf.uint16)
+_GATHERED_AS_BITS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
 
 
 def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
@@ -171,6 +178,9 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
     return tf.concat([value] * workers.num_workers, 0)
   if value.dtype in _GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
     return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), value.dtype)
+  if value.dtype in _GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
+    signed = gather_workers(tf.bitcast(value, _GATHERED_AS_BITS[value.dtype]), workers)
+    return tf.bitcast(signed, value.dtype)
   if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
     return _gather_bfloat16(value, workers)
 

@@ -125,18 +125,14 @@ def all_gather(value, axis: int = 0):
     # replicas' parts, whose sizes may differ (allow_uneven_batches).
     parts = [gathering.gather_part(x, axis) for x in xs]
     workers = replica.group.workers
-    one_trace = workers is None or workers.num_workers == 1
     # Replicas trace apart, so a static size may differ between them (rows
-    # picked by replica_id): compared over the local replicas, at trace time.
-    same_static = replica.collective(
+    # picked by replica_id): the starts are found over the local replicas,
+    # at trace time, where they can be.
+    starts = replica.collective(
         "the static part sizes of all_gather", parts,
-        lambda values: [[_one_static_size(values, axis, one_trace)]] * len(values))[0]
-    if same_static:
-      # One static size on every local replica; across workers, a static
-      # shape is every worker's too (the program check compares the
-      # gather's, as in `gathering`): no collective needed.
+        lambda values: _static_starts(values, axis, workers))
+    if starts is not None:
       sizes = [part.shape[axis] for part in parts]
-      starts = [size * replica.replica_id for size in sizes]
     else:
       sizes = [tf.shape(part)[axis] for part in parts]
       all_sizes = replica.collective(
@@ -158,17 +154,36 @@ def all_gather(value, axis: int = 0):
       lambda flat: [gathering.gather_part(t, axis) for t in flat])
 
 
-def _one_static_size(values, axis: int, one_trace: bool) -> bool:
-  """Whether each part has one static size along `axis` on every replica.
+def _static_starts(values, axis: int, workers):
+  """Per local replica, where each of its parts starts in the gathered tensor.
 
-  `values[r]`: replica r's parts. With several workers, a fully static shape
-  (the one that `gathering` gathers without exchanging sizes).
+  `values[r]`: local replica r's parts. None for every replica unless every
+  part's size along `axis` is static. With several workers, each worker's
+  concatenation of its replicas' parts must be fully static too: then
+  `gathering` gathered it at once, and the program check made its shape
+  every worker's, so the workers before this one hold that many rows each.
+  The same answer on every worker, as the sizes collective it saves must be.
   """
-  def static(part):
-    return (part.shape.rank and part.shape[axis] is not None
-            and (one_trace or part.shape.is_fully_defined()))
-  return all(static(part) and part.shape[axis] == values[0][i].shape[axis]
-             for parts in values for i, part in enumerate(parts))
+  several = workers is not None and workers.num_workers > 1
+  local_totals = []
+  for index in range(len(values[0])):
+    parts = [replica[index] for replica in values]
+    sizes = [part.shape[axis] for part in parts]
+    if any(size is None for size in sizes):
+      return [None] * len(values)
+    if several:
+      rank = parts[0].shape.rank
+      others = tf.TensorShape([None] * (rank - 1))
+      for part in parts:
+        dims = part.shape.as_list()
+        others = others.merge_with(dims[:axis % rank] + dims[axis % rank + 1:])
+      if not others.is_fully_defined():
+        return [None] * len(values)
+    local_totals.append(sum(sizes))
+  worker = getattr(workers, "worker_index", 0) if several else 0  # stand-ins: 0
+  return [[worker * total + sum(replica[index].shape[axis] for replica in values[:r])
+           for index, total in enumerate(local_totals)]
+          for r in range(len(values))]
 
 
 def broadcast(value, source_replica: int = 0):

@@ -105,10 +105,12 @@ def relaxed(element, spec):
       return value
     if isinstance(value, tf.RaggedTensor):  # its row counts and inner dims
       inner = leaf.shape[value.ragged_rank + 1:]
-      return tf.RaggedTensor.from_nested_row_splits(
+      ragged = tf.RaggedTensor.from_nested_row_splits(
           _unknown(value.flat_values, [None] + inner),
           [_unknown(splits, [None]) for splits in value.nested_row_splits],
           validate=False)
+      ragged._set_shape(leaf.shape)  # pylint: disable=protected-access  # uniform dims agreed static
+      return ragged
     if isinstance(value, tf.SparseTensor):  # its dense shape, dim by dim
       dense_shape = _unknown(value.dense_shape, [leaf.shape.rank])
       return tf.SparseTensor(value.indices, value.values, tf.stack(

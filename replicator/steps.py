@@ -219,8 +219,14 @@ class CompiledStep:
     return tuple(zeros(spec) for spec in self._current.tensor_specs)
 
   def _invariants(self):
+    """The outputs' shapes through the loop: the build trace's rank, no dims.
+
+    The build trace (replica 0 alone, other workers' shapes stood in for) may
+    know a dim that the real trace does not, or another size.
+    """
     n = len(self._devices)
-    return tuple(tf.TensorShape([n]).concatenate(spec.shape)
+    return tuple(tf.TensorShape([n]).concatenate(
+        tf.TensorShape(None if spec.shape.rank is None else [None] * spec.shape.rank))
                  for spec in self._current.tensor_specs)
 
   def _trace_single(self, iterator, args):

@@ -100,6 +100,19 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       weights = 1.0 + np.arange(start, start + x[0].size)
       np.testing.assert_allclose(got["static_dw"][r],
                                  n * (x[2 * w + r].ravel() * weights).sum(), rtol=1e-6)
+      # static parts of other sizes on each replica: each replica's rows of
+      # the gathered gradient (every replica's loss weighs them alike)
+      np.testing.assert_array_equal(got["sliced_gathered"][r], worker.SLICED)
+      q = 2 * w + r
+      rows = worker.SLICED[worker.SLICE_BOUNDS[q]:worker.SLICE_BOUNDS[q + 1]]
+      np.testing.assert_array_equal(got["sliced_dx"][r], n * rows.sum())
+      u = worker.UINT64
+      assert got["u64_sum"].dtype == np.uint64 and got["u32_gather"].dtype == np.uint32
+      np.testing.assert_array_equal(got["u64_sum"][r], u.sum())  # wraps, as NumPy's
+      np.testing.assert_array_equal(got["u64_max"][r], u.max())
+      np.testing.assert_array_equal(got["u64_min"][r], u.min())
+      np.testing.assert_array_equal(got["u64_gather"][r], u)
+      np.testing.assert_array_equal(got["u32_gather"][r], (u >> np.uint64(32)).astype(np.uint32))
       assert got["int8_sum"].dtype == np.int8 and got["uint16_broadcast"].dtype == np.uint16
       np.testing.assert_array_equal(got["int8_sum"][r], i.sum(0))
       np.testing.assert_array_equal(got["int8_max"][r], i.max(0))
@@ -348,6 +361,7 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["SWAPPED"] == "SWAPPED True", out
     # step 3: [0, 1] and [0, 1, 2] on each worker, a sum of 4 each
     assert lines["RAGGED"] == "RAGGED [2, 3, 2, 3] 8", out
+    assert lines["UNIFORM"] == "UNIFORM 8", out  # step 3: 0 + 1 and 0 + 1 + 2, twice
     assert lines["SPARSE"] == "SPARSE [0, 6, 0, 6]", out
     assert lines["EMPTY"] == "EMPTY (1, 0, 3)", out
     assert lines["EMPTY_COLUMNS"] == "EMPTY_COLUMNS (1, 4, 0) (1, 5, 0)", out

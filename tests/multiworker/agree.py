@@ -152,6 +152,14 @@ def main():
       lambda x: (repl.all_gather(x.row_lengths()), repl.all_sum(tf.reduce_sum(x))),
       lengths, steps=3)
   print(f"RAGGED {gathered.numpy()[0].tolist()} {total.numpy()[0]}", flush=True)
+  # a ragged batch of [1, None] elements: its static 1 kept on every worker
+  # (lost where the batch dim was relaxed, another trace on each worker)
+  uniform = lambda ctx: tf.data.Dataset.range(6).map(
+      lambda i: tf.RaggedTensor.from_row_lengths(tf.range(i % 3 + 1), [i % 3 + 1])).batch(
+          2, drop_remainder=worker == 0)
+  total = repl.run(lambda x: repl.all_sum(tf.reduce_sum(
+      tf.reshape(x.to_tensor(), [-1, x.shape[1]]))), uniform, steps=3)
+  print(f"UNIFORM {total.numpy()[0]}", flush=True)
   sparse = lambda ctx: tf.data.Dataset.range(6).map(lambda i: tf.sparse.from_dense(
       tf.range(4, dtype=tf.int64) * (i % 2))).batch(2, drop_remainder=worker == 0)
   gathered = repl.run(

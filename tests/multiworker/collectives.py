@@ -41,6 +41,11 @@ def uneven_input(worker: int):
   return input_fn
 
 
+SLICE_BOUNDS = [0, 2, 4, 7, 8]  # replica r's rows of SLICED
+SLICED = np.arange(24, dtype=np.float32).reshape(8, 3)
+UINT64 = np.array([2**63 - 2, 2**63 + 5, 3, 2**64 - 1], np.uint64)  # one per replica
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", required=True)
@@ -104,6 +109,30 @@ def main():
     return tape.gradient(loss, w)
 
   out["static_dw"] = repl.run(static_grad_step).numpy()
+
+  def sliced_step():  # static parts of 2, 2 rows on worker 0 and 3, 1 on worker 1
+    r = int(tf.get_static_value(repl.replica_id))
+    x = tf.constant(SLICED)[SLICE_BOUNDS[r]:SLICE_BOUNDS[r + 1]]
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      gathered = repl.all_gather(x)
+      # d loss / d gathered: the table (no constant of its shape: the build
+      # trace, of one replica, sees another row count)
+      loss = tf.reduce_sum(tf.square(gathered)) / 2
+    return gathered, tf.reduce_sum(tape.gradient(loss, x))
+
+  # 2 steps: a loop, whose invariants came from the build trace's shapes
+  out["sliced_gathered"], out["sliced_dx"] = (
+      t.numpy() for t in repl.run(sliced_step, steps=2))
+
+  def unsigned_step():  # no collective kernels: their bits travel as signed ints
+    u = tf.gather(tf.constant(UINT64), repl.replica_id)
+    return {"u64_sum": repl.all_sum(u), "u64_max": repl.all_max(u),
+            "u64_min": repl.all_min(u), "u64_gather": repl.all_gather(u),
+            "u32_gather": repl.all_gather(tf.cast(tf.bitwise.right_shift(
+                u, tf.constant(32, tf.uint64)), tf.uint32))}
+
+  out.update({k: v.numpy() for k, v in repl.run(unsigned_step).items()})
   # 2 steps in one call: sizes change from step to step and differ between
   # workers (a gather that TensorFlow's collective refuses without padding).
   uneven = repl.run(uneven_step, uneven_input(repl.mesh.worker_index), steps=2)
