@@ -38,6 +38,10 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
     wider = _REDUCED_WIDER[value.dtype]
     return tf.cast(across_workers(tf.cast(value, wider), merge_op, workers, instance_key),
                    value.dtype)
+  if value.dtype.is_complex:  # no kernel: real and imaginary parts, as floats
+    both = across_workers(tf.stack([tf.math.real(value), tf.math.imag(value)]),
+                          merge_op, workers, instance_key)
+    return tf.complex(both[0], both[1])
   if value.dtype == tf.uint64:  # as int64 bits: sums wrap alike; the order, sign bit flipped
     flip = (lambda v: v) if merge_op == "Add" else (
         lambda v: tf.bitwise.bitwise_xor(v, tf.constant(1 << 63, tf.uint64)))
@@ -178,6 +182,9 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
     return tf.concat([value] * workers.num_workers, 0)
   if value.dtype in _GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
     return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), value.dtype)
+  if value.dtype.is_complex:  # nor for these: (real, imaginary) pairs of floats
+    pairs = gather_workers(tf.bitcast(value, value.dtype.real_dtype), workers)
+    return tf.bitcast(pairs, value.dtype)
   if value.dtype in _GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
     signed = gather_workers(tf.bitcast(value, _GATHERED_AS_BITS[value.dtype]), workers)
     return tf.bitcast(signed, value.dtype)

@@ -112,6 +112,9 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       np.testing.assert_array_equal(got["u64_max"][r], u.max())
       np.testing.assert_array_equal(got["u64_min"][r], u.min())
       np.testing.assert_array_equal(got["u64_gather"][r], u)
+      np.testing.assert_allclose(got["c64_sum"][r], x.sum(0) - 2j * x.sum(0), rtol=1e-6)
+      assert got["c128_gather"].dtype == np.complex128
+      np.testing.assert_array_equal(got["c128_gather"][r], np.concatenate(x + 1j * (x + 1)))
       np.testing.assert_array_equal(got["u32_gather"][r], (u >> np.uint64(32)).astype(np.uint32))
       assert got["int8_sum"].dtype == np.int8 and got["uint16_broadcast"].dtype == np.uint16
       np.testing.assert_array_equal(got["int8_sum"][r], i.sum(0))

@@ -125,14 +125,18 @@ def main():
   out["sliced_gathered"], out["sliced_dx"] = (
       t.numpy() for t in repl.run(sliced_step, steps=2))
 
-  def unsigned_step():  # no collective kernels: their bits travel as signed ints
+  def no_kernel_step():  # no collective kernels: unsigned bits travel as signed ints
     u = tf.gather(tf.constant(UINT64), repl.replica_id)
+    x = tf.gather(tf.constant(table), repl.replica_id)
     return {"u64_sum": repl.all_sum(u), "u64_max": repl.all_max(u),
             "u64_min": repl.all_min(u), "u64_gather": repl.all_gather(u),
+            # nor for complex numbers: their real and imaginary parts travel
+            "c64_sum": repl.all_sum(tf.complex(x, -2 * x)),
+            "c128_gather": repl.all_gather(tf.cast(tf.complex(x, x + 1), tf.complex128)),
             "u32_gather": repl.all_gather(tf.cast(tf.bitwise.right_shift(
                 u, tf.constant(32, tf.uint64)), tf.uint32))}
 
-  out.update({k: v.numpy() for k, v in repl.run(unsigned_step).items()})
+  out.update({k: v.numpy() for k, v in repl.run(no_kernel_step).items()})
   # 2 steps in one call: sizes change from step to step and differ between
   # workers (a gather that TensorFlow's collective refuses without padding).
   uneven = repl.run(uneven_step, uneven_input(repl.mesh.worker_index), steps=2)
