@@ -109,7 +109,8 @@ def relaxed(element, spec):
           _unknown(value.flat_values, [None] + inner),
           [_unknown(splits, [None]) for splits in value.nested_row_splits],
           validate=False)
-      ragged._set_shape(leaf.shape)  # pylint: disable=protected-access  # uniform dims agreed static
+      # Its uniform dims, where the workers agreed on them, stay static.
+      ragged._set_shape(leaf.shape)  # pylint: disable=protected-access
       return ragged
     if isinstance(value, tf.SparseTensor):  # its dense shape, dim by dim
       dense_shape = _unknown(value.dense_shape, [leaf.shape.rank])
