@@ -19,7 +19,6 @@ round. Each worker gets cores/W intra-op threads.
 
 import argparse
 import json
-import os
 
 from benchmarks import common
 
@@ -50,12 +49,10 @@ def _gradients(scale):
 
 def worker(variant: str, scale: float, iters: int, threads: int):
   """One worker of the job (TF_CONFIG set by the launcher)."""
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  num_workers = common.start_worker(threads)
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf
-  tf.config.threading.set_intra_op_parallelism_threads(threads)
   grads = _gradients(scale)
-  num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
   ours = not variant.startswith("MWMS")
   if ours:
     import replicator  # pylint: disable=g-import-not-at-top

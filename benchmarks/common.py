@@ -66,6 +66,17 @@ def write_result(result: dict, json_path=None) -> None:
       json.dump(result, f, indent=2)
 
 
+def start_worker(threads: int) -> int:
+  """In a worker `run_job` started: quiet logs, `threads` intra-op threads.
+
+  Returns the job's number of workers (from TF_CONFIG, set by the launcher).
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.threading.set_intra_op_parallelism_threads(threads)
+  return len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+
+
 def run_job(module: str, worker_args, workers: int) -> dict:
   """Runs `python -m module WORKER_ARGS --threads T` as `workers` local workers.
 

@@ -17,7 +17,6 @@ and MWMS / ours, best of rounds and round by round.
 
 import argparse
 import json
-import os
 
 from benchmarks import common
 
@@ -28,12 +27,10 @@ STEPS_PER_CALL = 5
 def worker(variant: str, batch: int, features: int, dim: int, iters: int,
            threads: int):
   """One worker of the job (TF_CONFIG set by the launcher)."""
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  num_workers = common.start_worker(threads)
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
-  tf.config.threading.set_intra_op_parallelism_threads(threads)
-  num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
   rng = np.random.RandomState(0)
   x = rng.randn(batch * 4, features).astype(np.float32)
   initial = (rng.randn(features, dim) / np.sqrt(features)).astype(np.float32)

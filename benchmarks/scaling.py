@@ -11,7 +11,6 @@ against our own 1-worker figure, ours and MWMS from the same run.
 
 import argparse
 import json
-import os
 
 from benchmarks import common
 
@@ -26,12 +25,10 @@ def _layers(scale):
 
 def worker(variant: str, scale: float, batch: int, iters: int, threads: int,
            pack_mb: float):
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  num_workers = common.start_worker(threads)
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
-  tf.config.threading.set_intra_op_parallelism_threads(threads)
-  num_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
   rng = np.random.RandomState(0)
   x = rng.randn(batch * 4, 1024).astype(np.float32)
   y = rng.randint(0, 10, batch * 4).astype(np.int32)
