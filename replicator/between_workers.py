@@ -35,6 +35,7 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
     return value
   if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
+    # (booleans as 0/1: Max is any worker's, Min every worker's, a nonzero sum true)
     wider = _REDUCED_WIDER[value.dtype]
     return tf.cast(across_workers(tf.cast(value, wider), merge_op, workers, instance_key),
                    value.dtype)
@@ -64,8 +65,8 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   return total
 
 
-_REDUCED_WIDER = {tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32,
-                  tf.uint16: tf.int32, tf.uint32: tf.int64}
+_REDUCED_WIDER = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32,
+                  tf.int16: tf.int32, tf.uint16: tf.int32, tf.uint32: tf.int64}
 
 
 def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:

@@ -158,12 +158,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         total = values[0][index]
         for replica in values[1:]:
           total = pairwise(total, replica[index])
-        if boolean and workers is not None and workers.num_workers > 1:
-          # collectives take no booleans: 0/1 integers between workers
-          total = between_workers.across_workers(
-              tf.cast(total, tf.int32), merge_op, workers) > 0
-        else:
-          total = between_workers.across_workers(total, merge_op, workers)
+        total = between_workers.across_workers(total, merge_op, workers)
         for r, copy in enumerate(spread(total, devices)):
           results[r][index] = copy
   return results
@@ -188,11 +183,7 @@ def broadcast(values: List[List[tf.Tensor]], source_replica: int,
         value = dense(values[local if mine else 0][index])
         if not mine:
           value = tf.zeros_like(value)
-        if value.dtype.is_bool:
-          value = tf.cast(between_workers.across_workers(
-              tf.cast(value, tf.int32), "Add", workers), tf.bool)
-        else:
-          value = between_workers.across_workers(value, "Add", workers)
+        value = between_workers.across_workers(value, "Add", workers)
     for r, copy in enumerate(spread(value, devices)):
       results[r][index] = copy
   return results

@@ -101,10 +101,8 @@ class Peers:
       for variable in new:
         with tf.device(self._device):
           value = variable.replicas[0].read_value()
-          wire = tf.int32 if value.dtype.is_bool else value.dtype
-          value = tf.cast(value, wire) if chief else tf.zeros_like(value, wire)
-          value = tf.cast(between_workers.across_workers(value, "Add", self._keys),
-                          variable.dtype)
+          value = between_workers.across_workers(
+              value if chief else tf.zeros_like(value), "Add", self._keys)
         for copy in variable.replicas:
           copy.assign(value)
 

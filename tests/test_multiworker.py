@@ -83,6 +83,10 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       np.testing.assert_array_equal(got["gather_loop"][r], np.concatenate(x, 0))
       np.testing.assert_array_equal(got["gather1"][r], np.concatenate(i, 1))
       np.testing.assert_array_equal(got["broadcast"][r], x[n - 1])
+      np.testing.assert_array_equal(got["any"][r], (x > 10).any(0))
+      np.testing.assert_array_equal(got["every"][r], (x > -10).all(0))
+      np.testing.assert_array_equal(got["bool_broadcast"][r], x[n - 1] > 10)
+      np.testing.assert_array_equal(got["flag"][r], [True, True])
       # Step 2 of the uneven input: parts of 2, 1, 1 and 1 elements.
       parts = [np.array(b, np.float32) for w in range(2)
                for b in worker.uneven_batches(w)[2:]]

@@ -60,6 +60,8 @@ def main():
   with repl.context():  # state aggregated across workers, not a collective call
     metric = keras.metrics.Mean()
     bank = tf.Variable(tf.zeros([n, 4]))
+    # every worker starts from the chief's values, booleans too
+    flag = tf.Variable([repl.mesh.worker_index == 0, True])
 
   def step_fn():
     x = tf.gather(tf.constant(table), repl.replica_id)
@@ -68,6 +70,9 @@ def main():
            "min": repl.all_min(i), "int_sum": repl.all_sum(i),
            "gather0": repl.all_gather(x, axis=0), "gather1": repl.all_gather(i, axis=1),
            "broadcast": repl.broadcast(x, source_replica=n - 1),
+           "any": repl.all_max(x > 10), "every": repl.all_min(x > -10),
+           "bool_broadcast": repl.broadcast(x > 10, source_replica=n - 1),
+           "flag": flag.read_value(),
            "replica": repl.replica_id}
     # The compressed paths go through the gradient reduction's packing.
     out["bf16"] = repl.all_reduce([x, 2 * x], options=compressed)
