@@ -2,8 +2,9 @@
 
 Compilation happens in two traces. The first traces replica 0 alone inside a
 throwaway `tf.function`, with a variable factory active: modules built on first
-call and optimizer slots are created there and initialized by `tf.function`'s
-own lifting, exactly as in single-device code, then copied to every replica.
+call and optimizer slots are created there, initialized from the initializers
+that trace computed (lifted out of it, as `tf.function` does), then copied to
+every replica (`variable_creation`).
 The second traces all replicas into the real loop, where creating a variable
 is an error. How `args` are passed is in `step_args`, how each step's batches
 are fetched in `step_fetch`, and the errors of a step that cannot run in
@@ -177,12 +178,11 @@ class CompiledStep:
 
     specs = () if self._traced_spec is None else (self._traced_spec,)
     try:
-      with self._factory.scope() if creating else contextlib.nullcontext():
+      with self._factory.creating() if creating else contextlib.nullcontext():
         concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
     except op_selector.UnliftableError as error:
       raise step_errors.data_dependent_initializer(error, self._step_fn) from error
     if creating:
-      self._factory.materialize_pending()
       self._on_variables_created()
     return _Traced(tf.nest.map_structure(_to_spec, concrete.structured_outputs),
                    _draws_from_kernel_state(concrete.graph))

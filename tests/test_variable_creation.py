@@ -1,0 +1,133 @@
+"""Variables made in the first step: one trace to make them, their initial values."""
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import catalogue
+
+
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+def test_the_first_run_traces_step_fn_once_to_build_and_once_per_replica(name):
+  repl = catalogue.make(name)
+  x, y = catalogue.classification_data()
+  with repl.context():
+    model = catalogue.mlp()  # built in the first step, with the optimizer's slots
+    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+  train = catalogue.train_step(model, optimizer)
+  traces = []
+
+  def step_fn(batch):
+    traces.append(1)
+    return train(batch)
+
+  input_fn = catalogue.input_fn_for(x, y, 32)
+  repl.run(step_fn, input_fn)
+  # tf.function's own variable creation traces a function twice; the build
+  # trace (replica 0) makes the variables outside the trace instead.
+  assert len(traces) == 1 + repl.num_local_replicas
+  repl.run(step_fn, input_fn)
+  assert len(traces) == 1 + repl.num_local_replicas
+
+
+def _values(variables):
+  return [v.numpy() for v in variables]
+
+
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+def test_variables_made_in_the_step_start_from_their_initial_values(name):
+  repl = catalogue.make(name)
+  made = {}
+  seed = (3, 4)
+
+  def step_fn():
+    if not made:
+      made["graph"] = tf.Variable(tf.random.stateless_normal([3, 2], seed) * 2.0)
+      made["python"] = tf.Variable(1.5)
+      made["numpy"] = tf.Variable(np.arange(4, dtype=np.int64))
+      made["callable"] = tf.Variable(lambda: tf.fill([2], 7.0))
+      made["typed"] = tf.Variable(tf.ones([2], tf.bfloat16), dtype=tf.bfloat16)
+      made["any_shape"] = tf.Variable(tf.range(3.0), shape=tf.TensorShape(None))
+    return tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in made.values()])
+
+  with repl.context():
+    total = repl.run(step_fn)
+  want = {
+      "graph": tf.random.stateless_normal([3, 2], seed).numpy() * 2.0,
+      "python": np.float32(1.5),
+      "numpy": np.arange(4, dtype=np.int64),
+      "callable": np.full([2], 7.0, np.float32),
+      "typed": np.ones([2], np.float32),
+      "any_shape": np.arange(3.0, dtype=np.float32),
+  }
+  for key, variable in made.items():
+    assert variable.dtype == tf.as_dtype(want[key].dtype) or key == "typed", key
+    for copy in variable.replicas:
+      np.testing.assert_array_equal(np.asarray(copy.numpy(), np.float64),
+                                    np.asarray(want[key], np.float64), err_msg=key)
+  np.testing.assert_allclose(
+      total, [sum(np.sum(np.asarray(v, np.float64)) for v in want.values())]
+      * repl.num_local_replicas, rtol=1e-6)
+
+
+def test_a_variable_initialized_from_another_made_in_the_same_step():
+  repl = catalogue.make("multi_gpu_2")
+  made = []
+
+  def step_fn():
+    if not made:
+      made.append(tf.Variable(tf.fill([2], 3.0)))
+      made.append(tf.Variable(made[0] * 2.0))  # an EMA of the weights starts so
+    return made[1].read_value()
+
+  with repl.context():
+    np.testing.assert_array_equal(repl.run(step_fn), [[6.0, 6.0]] * 2)
+  for copy in made[1].replicas:
+    np.testing.assert_array_equal(copy.numpy(), [6.0, 6.0])
+
+
+def test_a_step_that_raised_after_building_the_model_leaves_it_whole():
+  repl = catalogue.make("multi_gpu_2")
+  x, y = catalogue.classification_data()
+  with repl.context():
+    model = catalogue.mlp()
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.1))
+
+  def broken(batch):
+    model(batch[0])
+    raise ValueError("a bug after the model was built")
+
+  input_fn = catalogue.input_fn_for(x, y, 32)
+  with pytest.raises(ValueError, match="a bug after the model was built"):
+    repl.run(broken, input_fn)
+
+  oracle = catalogue.mlp()  # the same seeded initializers, built in a function
+  tf.function(lambda: oracle(x[:1]))()
+  for variable, want in zip(model.variables, oracle.variables):
+    for copy in variable.replicas:
+      np.testing.assert_array_equal(copy.numpy(), want.numpy(), err_msg=variable.name)
+  # The fixed step trains from there, every replica alike.
+  repl.run(catalogue.train_step(model, optimizer), input_fn, steps=2)
+  repl.assert_replicas_in_sync(model.variables)
+  assert not np.array_equal(model.variables[0].numpy(), oracle.variables[0].numpy())
+
+
+def test_a_variable_initialized_from_a_value_the_step_changed_first():
+  repl = catalogue.make("multi_gpu_2")
+  with repl.context():
+    w = tf.Variable(1.0)
+  made = []
+
+  def step_fn():
+    w.assign_add(1.0)
+    if not made:
+      made.append(tf.Variable(w * 2.0, name="from_w"))
+    return made[0].read_value()
+
+  # Its initial value would need the step to run before the step's variables
+  # exist (initializing it would run the step's `assign_add` once more).
+  with pytest.raises(ValueError, match=r"creates the variable .*from_w.* depends on what "
+                                       r"the step did before"):
+    repl.run(step_fn)
+  assert w.numpy() == 1.0
