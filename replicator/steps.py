@@ -40,15 +40,17 @@ def _to_spec(value):
   return value
 
 
-def _draws_from_kernel_state(graph) -> bool:
+def _draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
   """Whether `graph` has stateful random ops (`tf.random.uniform`, dropout).
 
   Each such op keeps its generator state in its kernel, and every compiled
   function has kernels of its own: two functions tracing the same step
-  with the same seeds would each start the same stream again.
+  with the same seeds would each start the same stream again. The ops named
+  in `initializers` (variables' initial values, which run once outside the
+  step) do not count.
   """
   graph_def = graph.as_graph_def()
-  nodes = list(graph_def.node)
+  nodes = [node for node in graph_def.node if node.name not in initializers]
   for function in graph_def.library.function:
     nodes.extend(function.node_def)
   for op_type in {node.op for node in nodes}:
@@ -178,14 +180,15 @@ class CompiledStep:
 
     specs = () if self._traced_spec is None else (self._traced_spec,)
     try:
-      with self._factory.creating() if creating else contextlib.nullcontext():
+      with self._factory.creating() if creating else contextlib.nullcontext(set()) \
+          as initializers:
         concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
     except op_selector.UnliftableError as error:
       raise step_errors.data_dependent_initializer(error, self._step_fn) from error
     if creating:
       self._on_variables_created()
     return _Traced(tf.nest.map_structure(_to_spec, concrete.structured_outputs),
-                   _draws_from_kernel_state(concrete.graph))
+                   _draws_from_kernel_state(concrete.graph, initializers))
 
   def _converted_in_function(self):
     step_fn = self._step_fn

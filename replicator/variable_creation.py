@@ -108,16 +108,21 @@ class VariableFactory:
   def creating(self):
     """Inside, a trace may create variables (see above); they are ready after.
 
+    Yields a set that gets the names of the trace's ops that compute the initial
+    values (they run once, not in the step).
+
     On leaving, even by an error, the variables made inside get their initial
     values and their copies: a step that raised after building the model
     leaves it whole.
     """
     self._lifting = True
+    initializers = set()
     try:
       with self.scope():
-        yield
+        yield initializers
     finally:
       self._lifting = False
+      initializers.update(_used_only_to_initialize([ops for _, _, ops in self._lifted]))
       try:
         self._initialize_lifted()
       finally:
@@ -174,6 +179,13 @@ def _inputs(graph) -> set:
   """The placeholders of `graph`'s inputs, not of values it captured."""
   captured = {id(t) for t in graph.internal_captures}
   return {t.op for t in graph.inputs if id(t) not in captured}
+
+
+def _used_only_to_initialize(subgraphs) -> set:
+  """The names of the ops in `subgraphs` whose values nothing else uses."""
+  ops = frozenset().union(*subgraphs)
+  return {op.name for op in ops
+          if all(consumer in ops for output in op.outputs for consumer in output.consumers())}
 
 
 def _subgraph(value: tf.Tensor) -> Optional[frozenset]:

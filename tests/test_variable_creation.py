@@ -131,3 +131,34 @@ def test_a_variable_initialized_from_a_value_the_step_changed_first():
                                        r"the step did before"):
     repl.run(step_fn)
   assert w.numpy() == 1.0
+
+
+@pytest.mark.parametrize("step_draws", [False, True])
+def test_random_initializers_do_not_make_a_step_one_that_draws(monkeypatch, step_draws):
+  """Steps that draw random numbers run in the loop even for one step (their
+  stream must continue between calls); a lazily built model's random
+  initializers run once, outside the step, and must not send it there."""
+  repl = catalogue.make("multi_gpu_2")
+  with repl.context():
+    model = catalogue.mlp()  # random initializers, built in the first step
+  made = []
+
+  def step_fn():
+    out = model(tf.ones([2, 3]))
+    if not made:  # the first trace, which decides
+      noise = tf.random.uniform([2, 4], seed=7)
+      made.append(tf.Variable(noise))
+      if step_draws:  # the step uses the drawn values too
+        out += noise
+    return out + made[0]
+
+  loops = []
+  while_loop = tf.while_loop
+
+  def counted(*args, **kwargs):
+    loops.append(1)
+    return while_loop(*args, **kwargs)
+
+  monkeypatch.setattr(tf, "while_loop", counted)
+  repl.run(step_fn)
+  assert bool(loops) == step_draws
