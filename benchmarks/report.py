@@ -25,6 +25,7 @@ COMMANDS = {
     "gan_step": "python -m benchmarks.gan_step --batch 64 --rounds 5",
     "checkpoint_roundtrip": "python -m benchmarks.checkpoint_roundtrip",
     "gather_step": "python -m benchmarks.gather_step --workers 2,4 --rounds 3",
+    "first_step": "python -m benchmarks.first_step --replicas 1,2 --rounds 3",
 }
 # Run on the device machine (benchmarks/DEVICE.md), not by `run_all`: their JSON comes
 # back from there into results/.
@@ -202,6 +203,24 @@ def gather_section(r):
       _table(versus, ["same W", "MWMS / ours, best of rounds", "round by round"])])
 
 
+def first_step_section(r):
+  rows, ratios = [], []
+  for n, figures in r["replicas"].items():
+    for variant, seconds in figures["first_step_s"].items():
+      rows.append([f"{variant}, {n} replica(s)", f"{seconds:.2f}"])
+    for name, ratio in figures["ratios"].items():
+      ratios.append([f"{n} replica(s): {name}", f"{ratio['best_of_rounds']:.2f}x",
+                     f"{min(ratio['rounds']):.2f}x - {max(ratio['rounds']):.2f}x"])
+  return "\n\n".join([
+      "## Time to the first training step (Sonnet ResNet-50, "
+      f"{r['image_size']}x{r['image_size']}, {r['per_replica_batch']} images per replica)",
+      f"`{COMMANDS['first_step']}` (each figure a fresh process: building the model and "
+      "optimizer, tracing, Grappler and the first step; MirroredStrategy's model and "
+      "optimizer built eagerly first, as it requires; best of the rounds)",
+      _table(rows, ["variant", "s to the end of the first step"]),
+      _table(ratios, ["ratio (> 1: ours is faster)", "best of rounds", "round by round"])])
+
+
 def resnet50_section(r):
   best = r["images_per_second (best of rounds)"]
   rows = [[k, f"{v:.0f}"] for k, v in best.items()]
@@ -231,7 +250,8 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
   for name, section in (("step_rate", step_rate_section), ("allreduce", allreduce_section),
                         ("scaling", scaling_section), ("gan_step", gan_section),
                         ("checkpoint_roundtrip", checkpoint_section),
-                        ("gather_step", gather_section)):
+                        ("gather_step", gather_section),
+                        ("first_step", first_step_section)):
     result = _load(name)
     if result is None:
       sections.append(f"## {name}\n\nNot run yet: `{COMMANDS[name]}`.")
