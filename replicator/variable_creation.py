@@ -145,26 +145,36 @@ class VariableFactory:
     lifted = [entry for entry in lifted if tf.is_symbolic_tensor(entry[1])]
     if not lifted:
       return
-    for variable, value, subgraph in lifted:
-      # The trace orders a read after the step's earlier writes to the same
-      # variable: the value then depends on what the step did first.
-      if _subgraph(value) != subgraph:
-        raise ValueError(
-            f"step_fn creates the variable {variable.name!r} from a value that "
-            "depends on what the step did before (it reads a variable that "
-            "step_fn changed earlier in the step). Its initial value must be "
-            "known before the first step runs: create it before that change, "
-            "or inside `with repl.context():` before run.")
+    earlier = frozenset()
+    for variable, _, subgraph in lifted:
+      earlier |= subgraph
+      _drop_orderings_added_later(variable, subgraph, earlier)
 
     def initialize():
-      # One at a time, in creation order: a value that reads a variable made
-      # before it (`tf.Variable(w)`) reads it after its assignment.
-      copies = None
-      for variable, value, _ in lifted:
-        copies = lift_to_graph.lift_to_graph(
-            [value], tf.compat.v1.get_default_graph(), op_map=copies,
-            disallowed_placeholders=_inputs(value.graph), handle_captures=True)
-        variable.assign(copies[value], read_value=False)
+      # In creation order, in batches of one graph: a value that reads a captured
+      # variable (`tf.Variable(w)`, w made before it in the step) is lifted alone,
+      # after the assignments before it.
+      copies, batch = None, []
+
+      def lift_and_assign():
+        nonlocal copies
+        if batch:
+          copies = lift_to_graph.lift_to_graph(
+              [value for _, value, _ in batch], tf.compat.v1.get_default_graph(),
+              op_map=copies, disallowed_placeholders=_Inputs(batch[0][1].graph),
+              handle_captures=True)
+          for variable, value, _ in batch:
+            variable.assign(copies[value], read_value=False)
+          batch.clear()
+
+      for entry in lifted:
+        reads_captured = any(op.type == "Placeholder" for op in entry[2])
+        if reads_captured or (batch and batch[0][1].graph is not entry[1].graph):
+          lift_and_assign()
+        batch.append(entry)
+        if reads_captured:
+          lift_and_assign()
+      lift_and_assign()
     with tf.init_scope():
       tf.function(initialize, autograph=False)()
 
@@ -175,10 +185,51 @@ class VariableFactory:
       variable._materialize()  # pylint: disable=protected-access
 
 
-def _inputs(graph) -> set:
-  """The placeholders of `graph`'s inputs, not of values it captured."""
-  captured = {id(t) for t in graph.internal_captures}
-  return {t.op for t in graph.inputs if id(t) not in captured}
+# Ops that take a variable's handle and do not change it.
+_READS = frozenset({"ReadVariableOp", "VarIsInitializedOp", "VariableShape",
+                    "ResourceGather", "ResourceGatherNd"})
+
+
+def _drop_orderings_added_later(variable, subgraph: frozenset, initializers: frozenset):
+  """Removes the control inputs the trace gave `subgraph`'s ops after it was made.
+
+  At the end of the trace, TensorFlow orders each variable read after the
+  step's earlier writes to it, and stateful ops (`tf.print`) in program order.
+  Copied out with the initializer, those would run again. The trace is never
+  run, so its ops can lose them; orderings among `initializers` (the ops of
+  this and earlier initial values: two drawn from one `tf.random.Generator`)
+  stay. Raises where a value reads a variable that step_fn wrote before: its
+  initial value would need the step to run first.
+  """
+  handles = {id(t) for op in subgraph for t in op.inputs if t.dtype == tf.resource}
+  for op in subgraph:
+    later = [c for c in op.control_inputs if c not in initializers]
+    if not later:
+      continue
+    for control in later:
+      if control.type not in _READS and any(id(t) in handles for t in control.inputs):
+        raise ValueError(
+            f"step_fn creates the variable {variable.name!r} from a value that "
+            "depends on what the step did before (it reads a variable that "
+            "step_fn changed earlier in the step). Its initial value must be "
+            "known before the first step runs: create it before that change, "
+            "or inside `with repl.context():` before run.")
+    kept = [c for c in op.control_inputs if c in initializers]
+    op._remove_all_control_inputs()  # pylint: disable=protected-access
+    op._add_control_inputs(kept)  # pylint: disable=protected-access
+
+
+class _Inputs:
+  """`op in _Inputs(graph)`: whether `op` is the placeholder of one of `graph`'s
+  inputs, not of a value it captured (those are looked up only for a
+  placeholder met, since the captures are many and initializers rarely meet one)."""
+
+  def __init__(self, graph):
+    self._graph = graph
+
+  def __contains__(self, op) -> bool:
+    return op.type == "Placeholder" and not any(
+        captured is op.outputs[0] for captured in self._graph.internal_captures)
 
 
 def _used_only_to_initialize(subgraphs) -> set:
@@ -195,7 +246,7 @@ def _subgraph(value: tf.Tensor) -> Optional[frozenset]:
   """
   ops = set()
   try:
-    op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=_inputs(value.graph),
+    op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=_Inputs(value.graph),
                              visited_ops=ops, op_outputs=collections.defaultdict(set),
                              add_sources=False)
   except op_selector.UnliftableError:

@@ -162,3 +162,27 @@ def test_random_initializers_do_not_make_a_step_one_that_draws(monkeypatch, step
   monkeypatch.setattr(tf, "while_loop", counted)
   repl.run(step_fn)
   assert bool(loops) == step_draws
+
+
+def test_a_stateful_op_before_a_variable_made_in_the_step_is_not_run_to_initialize_it():
+  """TensorFlow orders stateful ops (tf.print, py_function) in program order at the
+  end of a trace; the initial value's copy must not take the print along."""
+  repl = catalogue.make("multi_gpu_2")
+  made, printed = [], []
+
+  def record():
+    printed.append(1)
+    return np.float32(0)
+
+  def step_fn():
+    tf.py_function(record, [], tf.float32)  # stateful, ordered before what follows
+    if not made:
+      made.append(tf.Variable(tf.py_function(
+          lambda: np.arange(3, dtype=np.float32), [], tf.float32), shape=[3]))
+    return tf.reduce_sum(made[0])
+
+  with repl.context():
+    np.testing.assert_array_equal(repl.run(step_fn), [3.0, 3.0])
+  assert len(printed) == repl.num_local_replicas  # once per replica in the step, not at init
+  for copy in made[0].replicas:
+    np.testing.assert_array_equal(copy.numpy(), [0.0, 1.0, 2.0])
