@@ -118,10 +118,14 @@ class ReplicaGroup:
         return [fn(*args_per_replica[0])]
     graph = tf.compat.v1.get_default_graph()
     name_scope = graph.get_name_scope()
+    # Variable creators are kept per thread (tf.function's own among them, which
+    # makes variables it cannot make outside the trace); as MirroredStrategy's
+    # replica threads do, each replica's thread starts with this thread's.
+    creators = graph._variable_creator_stack  # pylint: disable=protected-access
     threads = [
         threading.Thread(
             target=self._trace_replica,
-            args=(r, fn, args_per_replica[r], graph, name_scope, replica_scope),
+            args=(r, fn, args_per_replica[r], graph, name_scope, replica_scope, creators),
             name=f"replicator-replica-{r}", daemon=True)
         for r in range(self.num_local)
     ]
@@ -158,13 +162,15 @@ class ReplicaGroup:
       _check_same_graph(values, names[0])
       self._results = self._arrivals[0][3](values)
 
-  def _trace_replica(self, r, fn, args, graph, name_scope, replica_scope):
+  def _trace_replica(self, r, fn, args, graph, name_scope, replica_scope, creators):
     self._resume[r].wait()
     self._resume[r].clear()
     if self._aborted:
       return
     try:
       with graph.as_default(), graph.name_scope(name_scope + "/" if name_scope else None):
+        # (after `as_default`, which gives a function graph its outer graph's)
+        graph._variable_creator_stack = creators  # pylint: disable=protected-access
         with _entered(ReplicaContext(self, r)), replica_scope(r):
           self._arrivals[r] = ("done", fn(*args))
     except _Aborted:

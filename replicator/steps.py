@@ -94,6 +94,8 @@ class CompiledStep:
     self._fetcher = step_fetch.BatchFetcher(self._devices, num_replicas, workers,
                                             uneven_batches)
     self._traced = {}  # signature of args -> _Traced
+    self._creating = False  # while the real step is traced first (`_trace_first`)
+    self._traced_output_spec = None  # step_fn's outputs in the last `_trace_step`
     self._current = None  # the _Traced of the call being run
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
@@ -114,7 +116,11 @@ class CompiledStep:
     new = signature not in self._traced
     if new:  # step_fn's outputs may depend on args
       issued = self._workers.issued if self._workers is not None else 0
-      self._traced[signature] = self._build(args, creating=not self._traced)
+      if self._workers is None:
+        self._traced[signature] = self._trace_first(iterator, args,
+                                                    creating=not self._traced)
+      else:
+        self._traced[signature] = self._build(args, creating=not self._traced)
     self._current = self._traced[signature]
     if new and self._workers is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
@@ -156,13 +162,42 @@ class CompiledStep:
     @contextlib.contextmanager
     def scope(r):
       with tf.device(self._devices[r]), tf.name_scope(f"replica_{r}"):
-        if creating:
+        if creating and r == 0:  # the first replica makes the variables for all
           with self._factory.scope():
+            yield
+        elif creating:
+          with variable_creation.no_creation(
+              f"on replica {self._first_replica_id + r} but not on the first, which "
+              "makes every variable for all replicas (does step_fn branch on the "
+              "replica id around it?)"):
             yield
         else:
           with variable_creation.no_creation("after its first run"):
             yield
     return scope
+
+  def _trace_first(self, iterator, args, creating: bool) -> _Traced:
+    """One worker: the real step, traced before the loop, finding the outputs.
+
+    The first (`creating`) also creates the variables that step_fn makes, on
+    replica 0: the replicas are traced in lockstep, replica 0 first, so the
+    others find them made (their copies are filled after the trace).
+    """
+    n = len(self._devices)
+    batches = [None] * n if iterator is None else [(iterator.element_spec,)] * n
+    self._creating = creating
+    try:
+      with self._factory.creating() if creating else contextlib.nullcontext(set()) \
+          as initializers:
+        concrete = self._replicated_step.get_concrete_function(batches, args)
+    except op_selector.UnliftableError as error:
+      raise step_errors.data_dependent_initializer(error, self._step_fn) from error
+    finally:
+      self._creating = False
+    if creating:
+      self._on_variables_created()
+    return _Traced(self._traced_output_spec,
+                   _draws_from_kernel_state(concrete.graph, initializers))
 
   def _build(self, args, creating: bool) -> _Traced:
     """A trace of replica 0 alone, finding the outputs for these `args`.
@@ -204,9 +239,10 @@ class CompiledStep:
     per_replica = [((step_fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]
     outputs = self._group(build_only=False).run(
-        step_fn, per_replica, self._replica_scope(creating=False))
-    leaves = [tf.nest.flatten(step_errors.check_outputs(o, self._step_fn))
-              for o in outputs]
+        step_fn, per_replica, self._replica_scope(creating=self._creating))
+    outputs = [step_errors.check_outputs(o, self._step_fn) for o in outputs]
+    self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
+    leaves = [tf.nest.flatten(o) for o in outputs]
     step_errors.check_writes(tf.compat.v1.get_default_graph(), len(self._devices))
     return tuple(step_errors.stack_over_replicas(xs, self._step_fn)
                  for xs in zip(*leaves) if xs[0] is not None)

@@ -40,6 +40,7 @@ class VariableFactory:
     # (variable, its initial value, the ops computing it), made in a trace.
     self._lifted: List[Tuple[tf.Variable, tf.Tensor, frozenset]] = []
     self._lifting = False
+    self._to_fill: List[variables.ReplicatedVariable] = []  # copies to fill
 
   def _create(self, next_creator: Callable, **kwargs) -> variables.ReplicatedVariable:
     if variable_registry.in_replica_local() or getattr(_local, "creating", False):
@@ -58,8 +59,12 @@ class VariableFactory:
     variable = variables.ReplicatedVariable(primary, self._devices,
                                   kwargs.get("aggregation"))
     self.created.append(variable)
-    if tf.executing_eagerly():
+    if tf.executing_eagerly() or self._lifting:
+      # In a trace under `creating()` the copies are made now, uninitialized (the
+      # other replicas' traces use them), and filled when the trace ends.
       variable._materialize()  # pylint: disable=protected-access
+      if not tf.executing_eagerly():
+        self._to_fill.append(variable)
     else:
       self._pending.append(variable)
     return variable
@@ -126,6 +131,7 @@ class VariableFactory:
       try:
         self._initialize_lifted()
       finally:
+        self._fill_copies()
         self._materialize_pending()
 
   def _initialize_lifted(self):
@@ -177,6 +183,23 @@ class VariableFactory:
       lift_and_assign()
     with tf.init_scope():
       tf.function(initialize, autograph=False)()
+
+  def _fill_copies(self):
+    """Gives the copies made in a trace their variable's initial value.
+
+    Copies that something initialized meanwhile (a checkpoint's deferred
+    restore writes every copy) keep theirs.
+    """
+    made, self._to_fill = self._to_fill, []
+    with tf.init_scope():
+      for variable in made:
+        primary = variable.replicas[0]
+        if not resource_variable_ops.var_is_initialized_op(primary.handle):
+          continue  # left uninitialized, as the trace's error left it
+        value = primary.read_value()
+        for copy in variable.replicas[1:]:
+          if not resource_variable_ops.var_is_initialized_op(copy.handle):
+            copy.assign(value, read_value=False)
 
   def _materialize_pending(self):
     """Copies the variables created while tracing, once they are initialized."""
