@@ -1,14 +1,15 @@
 """A compiled step: `steps` iterations of step_fn on every replica, one call.
 
-Compilation happens in two traces. The first traces replica 0 alone inside a
-throwaway `tf.function`, with a variable factory active: modules built on first
-call and optimizer slots are created there, initialized from the initializers
-that trace computed (lifted out of it, as `tf.function` does), then copied to
-every replica (`variable_creation`).
-The second traces all replicas into the real loop, where creating a variable
-is an error. How `args` are passed is in `step_args`, how each step's batches
-are fetched in `step_fetch`, and the errors of a step that cannot run in
-`step_errors`.
+On one worker, compilation traces each replica once: the replicated step is
+traced first, on its own, with a variable factory active for replica 0 (modules
+built on first call and optimizer slots are created there, outside the trace,
+and initialized after it from the initializers it computed; see
+`variable_creation`), and the loop reuses that trace. On several workers a first
+trace of replica 0 alone, in a throwaway `tf.function` with stand-ins for the
+collectives, makes the variables and finds the outputs; then all replicas are
+traced into the real loop, where creating a variable is an error. How `args`
+are passed is in `step_args`, how each step's batches are fetched in
+`step_fetch`, and the errors of a step that cannot run in `step_errors`.
 """
 
 import contextlib
