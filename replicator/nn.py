@@ -50,8 +50,14 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     if is_training:
       if self._unbiased_moving_variance:
         variance = variance * tf.cast(count / tf.maximum(count - 1, 1), variance.dtype)
-      self.moving_mean.update(mean)
-      self.moving_variance.update(variance)
+      # The statistics are the global batch's, the same bits on every replica
+      # (every replica gets the one sum a collective makes), so each replica
+      # updates its own copy of the averages, as Horovod's and PyTorch's
+      # synchronized batch norms do: averaging them over replicas again would
+      # cost 6 collectives per layer and change nothing.
+      with context.writing_locally():
+        self.moving_mean.update(mean)
+        self.moving_variance.update(variance)
     return out
 
   @snt.once

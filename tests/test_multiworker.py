@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 import pytest
+import sonnet as snt
+import tensorflow as tf
 
 import catalogue
 import test_equivalence
@@ -69,7 +71,17 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
   x = np.stack([worker.value(r) for r in range(n)])
   i = np.stack([worker.value(r, np.int32) for r in range(n)])
   exact = x.astype(np.float64).sum(0)
-  for w, got in enumerate(_results(tmp_path)):
+  reference = snt.BatchNorm(True, True, decay_rate=0.5)
+  for _ in range(2):
+    normalized = reference(tf.constant(np.concatenate(x)), is_training=True).numpy()
+  results = _results(tmp_path)
+  for key in ("norm_moving_mean", "norm_moving_variance"):  # the same bits everywhere
+    np.testing.assert_array_equal(results[0][key], results[1][key])
+  np.testing.assert_allclose(results[0]["norm_moving_mean"],
+                             reference.moving_mean.value.numpy(), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(results[0]["norm_moving_variance"],
+                             reference.moving_variance.value.numpy(), rtol=1e-5)
+  for w, got in enumerate(results):
     np.testing.assert_array_equal(got["replica"], [2 * w, 2 * w + 1])
     np.testing.assert_allclose(got["metric"], x.mean(), rtol=1e-6)  # Keras Mean
     np.testing.assert_array_equal(got["bank"], x[:, 0])  # scatter_update rows
@@ -83,6 +95,8 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       np.testing.assert_array_equal(got["gather_loop"][r], np.concatenate(x, 0))
       np.testing.assert_array_equal(got["gather1"][r], np.concatenate(i, 1))
       np.testing.assert_array_equal(got["broadcast"][r], x[n - 1])
+      q = 2 * w + r
+      np.testing.assert_allclose(got["norm"][r], normalized[3 * q:3 * q + 3], atol=2e-5)
       np.testing.assert_array_equal(got["any"][r], (x > 10).any(0))
       np.testing.assert_array_equal(got["every"][r], (x > -10).all(0))
       np.testing.assert_array_equal(got["bool_broadcast"][r], x[n - 1] > 10)

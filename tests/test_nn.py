@@ -168,3 +168,45 @@ def test_cross_replica_batch_norm_with_uneven_batches_equals_the_whole_batch():
   for ours, theirs in ((cross.moving_mean.value, reference.moving_mean.value),
                        (cross.moving_variance.value, reference.moving_variance.value)):
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+def test_moving_statistics_of_global_batch_statistics_take_no_collective(name, monkeypatch):
+  """The statistics are the same on every replica, so each replica updates its
+  own copy of the moving averages (as Horovod's and PyTorch's synchronized
+  batch norms do): the only collectives left are the statistics' own, and the
+  averages still equal snt.BatchNorm's on the whole batch, identical on every
+  replica."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  rng = np.random.RandomState(3)
+  data = (rng.randn(n * 4, 3) * [1.0, 2.0, 5.0] + [0.0, 1.0, -3.0]).astype(np.float32)
+  data[:4] += 4.0  # replica 0's own statistics differ from the others'
+  with repl.context():
+    cross = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.5)
+  reference = snt.BatchNorm(True, True, decay_rate=0.5)
+  collectives = []
+  collective = replicator.context.ReplicaGroup.collective
+
+  def counted(group, index, name, flat_values, merge):
+    if index == 0:
+      collectives.append(name)
+    return collective(group, index, name, flat_values, merge)
+  monkeypatch.setattr(replicator.context.ReplicaGroup, "collective", counted)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).repeat().batch(4)
+
+  def step_fn(x):
+    return cross(x, is_training=True)
+
+  for _ in range(3):
+    repl.run(step_fn, input_fn)
+    reference(tf.constant(data), is_training=True)
+  # Traced once: the sums with the counts, then the squared deviations.
+  assert collectives == ["all_reduce(SUM) of 2 tensor(s)", "all_reduce(SUM) of 1 tensor(s)"]
+  for ours, theirs in ((cross.moving_mean.value, reference.moving_mean.value),
+                       (cross.moving_variance.value, reference.moving_variance.value)):
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+  repl.assert_replicas_in_sync(cross.variables)
+  repl.shutdown()

@@ -146,6 +146,18 @@ def main():
   # workers (a gather that TensorFlow's collective refuses without padding).
   uneven = repl.run(uneven_step, uneven_input(repl.mesh.worker_index), steps=2)
   out.update({f"uneven_{k}": v.numpy() for k, v in uneven.items()})
+  # Batch norm over the 4 replicas' rows: global statistics, and moving
+  # averages that each replica updates alone (the same bits everywhere).
+  with repl.context():
+    norm = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.5)
+
+  def norm_step():
+    return norm(tf.gather(tf.constant(table), repl.replica_id), is_training=True)
+
+  out["norm"] = repl.run(norm_step, steps=2).numpy()
+  repl.assert_replicas_in_sync(norm.variables)
+  out["norm_moving_mean"] = norm.moving_mean.value.numpy()
+  out["norm_moving_variance"] = norm.moving_variance.value.numpy()
   out["metric"] = metric.result().numpy()
   out["bank"] = bank.numpy()
   flat = {}
