@@ -11,12 +11,12 @@ from replicator.reduce_options import ReduceOp
 class CrossReplicaBatchNorm(snt.BatchNorm):
   """`snt.BatchNorm` whose batch statistics cover the global batch.
 
-  Inside a multi-replica step every replica's sums, and then its sums of
-  squared deviations from the global mean (two passes, like
-  `tf.nn.moments`), are summed over replicas with the example counts, so N
-  replicas normalize exactly as one device with the whole global batch, per
-  replica batches of different sizes (`replicator.allow_uneven_batches`)
-  included. Elsewhere (one replica, outside a step, moving statistics) it is
+  Inside a multi-replica step every replica's example count, mean and sum of
+  squared deviations from that mean (two passes, like `tf.nn.moments`) are
+  gathered in one collective and combined (Chan et al.), so N replicas
+  normalize as one device with the whole global batch, per replica batches of
+  different sizes (`replicator.allow_uneven_batches`) included. Each replica
+  updates its own copy of the moving averages from those global statistics. Elsewhere (one replica, outside a step, moving statistics) it is
   `snt.BatchNorm` to the bit, fused kernel included. float16 and bfloat16
   inputs get their statistics in float32, as `tf.nn.moments` does (and
   `snt.BatchNorm`'s fused kernel refuses rank-4 ones).
@@ -76,13 +76,24 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     if not across_replicas:
       mean, variance = tf.nn.moments(inputs, self._axis, keepdims=True)
       return mean, variance, count
+    # Each replica's count, mean and sum of squared deviations from it travel
+    # in one gather (one collective forward, one backward), and every replica
+    # combines them alike, as Chan et al. do: sums of squares would cancel
+    # where the mean is large against the spread. No stop_gradient on the
+    # mean (tf.nn.moments has one): every replica's mean reaches the others'.
     x = tf.cast(inputs, wide)
-    total, count = replica_ops.all_reduce(
-        [tf.reduce_sum(x, self._axis, keepdims=True), count], ReduceOp.SUM)
-    mean = total / count
-    # No stop_gradient on the mean (tf.nn.moments has one): the backward pass
-    # must reach this collective before the mean's on every replica.
+    mean = tf.math.divide_no_nan(tf.reduce_sum(x, self._axis, keepdims=True), count)
     squares = tf.reduce_sum(tf.math.squared_difference(x, mean), self._axis,
                             keepdims=True)
-    variance = replica_ops.all_reduce(squares, ReduceOp.SUM) / count
-    return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype), count
+    every = replica_ops.all_gather(tf.concat(
+        [tf.reshape(count, [1, 1]), tf.reshape(mean, [1, -1]),
+         tf.reshape(squares, [1, -1])], axis=1))  # [replicas, 1 + 2 x channels]
+    channels = mean.shape.num_elements()
+    counts, means, squares = tf.split(every, [1, channels, channels], axis=1)
+    total = tf.reduce_sum(counts)
+    global_mean = tf.reduce_sum(counts * means, 0) / total
+    squares = (tf.reduce_sum(squares, 0)
+               + tf.reduce_sum(counts * tf.math.squared_difference(means, global_mean), 0))
+    shape = tf.shape(mean)
+    return (tf.cast(tf.reshape(global_mean, shape), inputs.dtype),
+            tf.cast(tf.reshape(squares / total, shape), inputs.dtype), total)

@@ -174,7 +174,7 @@ def test_cross_replica_batch_norm_with_uneven_batches_equals_the_whole_batch():
 def test_moving_statistics_of_global_batch_statistics_take_no_collective(name, monkeypatch):
   """The statistics are the same on every replica, so each replica updates its
   own copy of the moving averages (as Horovod's and PyTorch's synchronized
-  batch norms do): the only collectives left are the statistics' own, and the
+  batch norms do): the only collective left is the statistics' own, and the
   averages still equal snt.BatchNorm's on the whole batch, identical on every
   replica."""
   repl = catalogue.make(name)
@@ -203,10 +203,39 @@ def test_moving_statistics_of_global_batch_statistics_take_no_collective(name, m
   for _ in range(3):
     repl.run(step_fn, input_fn)
     reference(tf.constant(data), is_training=True)
-  # Traced once: the sums with the counts, then the squared deviations.
-  assert collectives == ["all_reduce(SUM) of 2 tensor(s)", "all_reduce(SUM) of 1 tensor(s)"]
+  # Traced once: the one gather of every replica's count, mean and squares.
+  assert collectives == ["all_gather of 1 tensor(s)"]
   for ours, theirs in ((cross.moving_mean.value, reference.moving_mean.value),
                        (cross.moving_variance.value, reference.moving_variance.value)):
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
   repl.assert_replicas_in_sync(cross.variables)
+  repl.shutdown()
+
+
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+def test_cross_replica_statistics_do_not_cancel_where_the_mean_is_large(name):
+  """A mean of 1e4 against a spread of 1 (and replicas' means apart): float32
+  sums of squares would lose the variance (x**2 ~ 1e8, rounded by ~8)."""
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  rng = np.random.RandomState(4)
+  data = (rng.randn(n * 8, 2) + 1e4).astype(np.float32)
+  data[:8] += 3.0
+  with repl.context():
+    cross = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.0)
+
+  def step_fn(x):
+    return cross(x, is_training=True)
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(8)
+
+  out = repl.run(step_fn, input_fn).numpy().reshape(data.shape)
+  exact = data.astype(np.float64)
+  np.testing.assert_allclose(cross.moving_mean.value.numpy().ravel(), exact.mean(0),
+                             rtol=1e-6)
+  np.testing.assert_allclose(cross.moving_variance.value.numpy().ravel(),
+                             exact.var(0), rtol=1e-3)  # rank 2: not unbiased
+  np.testing.assert_allclose(out, (exact - exact.mean(0)) / np.sqrt(exact.var(0) + 1e-5),
+                             atol=2e-3)
   repl.shutdown()
