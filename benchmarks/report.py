@@ -26,6 +26,7 @@ COMMANDS = {
     "checkpoint_roundtrip": "python -m benchmarks.checkpoint_roundtrip",
     "gather_step": "python -m benchmarks.gather_step --workers 2,4 --rounds 3",
     "first_step": "python -m benchmarks.first_step --replicas 1,2 --rounds 3",
+    "bn_step": "python -m benchmarks.bn_step --workers 2,4 --rounds 3",
 }
 # Run on the device machine (benchmarks/DEVICE.md), not by `run_all`: their JSON comes
 # back from there into results/.
@@ -203,6 +204,31 @@ def gather_section(r):
       _table(versus, ["same W", "MWMS / ours, best of rounds", "round by round"])])
 
 
+def bn_step_section(r):
+  ms = r["ms_per_step (best of rounds)"]
+  first = r.get("first_call_s (best of rounds)", {})
+  losses = r.get("loss of worker 0 after the same steps (last round)", {})
+  rows = [[k, f"{v:.1f}", f"{first[k]:.1f}" if k in first else "",
+           f"{losses[k]:.4f}" if k in losses else ""] for k, v in ms.items()]
+  each = r["MWMS / ours (each round)"]
+  versus = [[w, f"{value:.2f}x", f"{min(each[w]):.2f}x - {max(each[w]):.2f}x"]
+            for w, value in r["MWMS / ours (best of rounds)"].items()]
+  parameters = ", ".join(f"{k} {v:,}" for k, v in r["trainable parameters"].items())
+  return "\n\n".join([
+      "## Synchronized batch norm in a training step (ResNet-50 v1.5, "
+      f"{r['image_size']}x{r['image_size']}, {r['batch_per_worker']} images per worker, "
+      "statistics over the global batch)",
+      f"`{COMMANDS['bn_step']}` (each worker process: cores / W intra-op threads; "
+      "ours: Sonnet with `CrossReplicaBatchNorm`; MWMS: Keras with "
+      "`BatchNormalization(synchronized=True)`; trainable parameters: "
+      f"{parameters}; ms: worker 0's median call of {r['iters']}, one step a call, "
+      "best of the rounds; first call: ours builds the model in it, MWMS before it; "
+      "the losses differ because the initial values do)",
+      _table(rows, ["variant", "ms/step", "first call, s",
+                    "worker 0's loss after the same steps"]),
+      _table(versus, ["same W", "MWMS / ours, best of rounds", "round by round"])])
+
+
 def first_step_section(r):
   rows, ratios = [], []
   for n, figures in r["replicas"].items():
@@ -251,7 +277,8 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
                         ("scaling", scaling_section), ("gan_step", gan_section),
                         ("checkpoint_roundtrip", checkpoint_section),
                         ("gather_step", gather_section),
-                        ("first_step", first_step_section)):
+                        ("first_step", first_step_section),
+                        ("bn_step", bn_step_section)):
     result = _load(name)
     if result is None:
       sections.append(f"## {name}\n\nNot run yet: `{COMMANDS[name]}`.")

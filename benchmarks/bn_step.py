@@ -1,0 +1,211 @@
+"""ResNet-50 with synchronized batch norm over local worker processes: ours vs MWMS.
+
+A training step of ResNet-50 v1.5 (32x32x3 random images, 10 classes, `--batch`
+images per worker, one CPU replica per worker) whose every batch norm takes its
+statistics over the global batch, then SGD with momentum on the averaged
+gradients:
+
+- ours: the Sonnet model of `examples.resnet.models` with
+  `replicator.nn.CrossReplicaBatchNorm`, built lazily in the first step under
+  `MultiGpuReplicator`, a wrapped Keras SGD;
+- MWMS: what a `tf.distribute` user writes: the same network as a Keras 3
+  functional model with `BatchNormalization(synchronized=True)`, model and
+  optimizer built under `MultiWorkerMirroredStrategy.scope()`, a `tf.function`
+  calling `strategy.run` with `tf.nn.compute_average_loss`.
+
+Both have 23,528,522 trainable parameters (checked), the same layers,
+padding and initializer families, but not the same initial values, so the
+losses printed differ; they are there to show both sides train. Each variant
+runs in its own set of worker processes on 127.0.0.1 (`replicator.launch`), the
+variants alternating within each round (ours first in odd rounds, MWMS first in
+even ones); one step per call on both sides.
+
+  python -m benchmarks.bn_step [--workers 2] [--rounds 3] [--iters 15] [--batch 4]
+      [--json out.json]
+
+Prints ms per step (worker 0's median call of `--iters`, best of the rounds),
+the first call's seconds (ours builds the model inside it, MWMS before it),
+and MWMS / ours, best of rounds and round by round.
+"""
+
+import argparse
+import json
+import time
+
+from benchmarks import common
+
+VARIANTS = ("ours", "MWMS")
+PARAMETERS = 23_528_522  # Sonnet's ResNet-50 v1.5 with 10 classes
+_CLASSES = 10
+_IMAGE = 32
+
+
+def keras_resnet50(keras, num_classes: int):
+  """ResNet-50 v1.5 in Keras layers with synchronized batch norm, as `models.ResNet50`."""
+  layers = keras.layers
+  init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
+
+  def conv_bn(x, channels, kernel, stride, relu, zero_scale=False):
+    padding = "same"
+    if stride > 1:
+      # Keras' 'same' would pad a strided conv of an even input (0, k - 1):
+      # models.Conv2D splits it evenly, so each output sees the same pixels.
+      total = kernel - 1
+      x = layers.ZeroPadding2D(((total // 2, total - total // 2),) * 2)(x)
+      padding = "valid"
+    x = layers.Conv2D(channels, kernel, stride, padding=padding, use_bias=False,
+                      kernel_initializer=init)(x)
+    x = layers.BatchNormalization(
+        synchronized=True, momentum=0.9, epsilon=1e-5,
+        gamma_initializer="zeros" if zero_scale else "ones")(x)
+    return layers.ReLU()(x) if relu else x
+
+  images = keras.Input([_IMAGE, _IMAGE, 3])
+  x = conv_bn(images, 64, 7, 2, relu=True)
+  x = layers.MaxPooling2D(3, 2, padding="same")(x)
+  in_channels = 64
+  for stage, (blocks, channels) in enumerate(zip([3, 4, 6, 3], [64, 128, 256, 512])):
+    for i in range(blocks):
+      stride = 2 if (i == 0 and stage > 0) else 1
+      shortcut = x
+      if stride != 1 or in_channels != 4 * channels:
+        shortcut = conv_bn(x, 4 * channels, 1, stride, relu=False)
+      y = conv_bn(x, channels, 1, 1, relu=True)
+      y = conv_bn(y, channels, 3, stride, relu=True)
+      y = conv_bn(y, 4 * channels, 1, 1, relu=False, zero_scale=True)
+      x = layers.ReLU()(layers.Add()([y, shortcut]))
+      in_channels = 4 * channels
+  x = layers.GlobalAveragePooling2D()(x)
+  logits = layers.Dense(
+      num_classes, kernel_initializer=keras.initializers.RandomNormal(stddev=0.01))(x)
+  return keras.Model(images, logits)
+
+
+def worker(variant: str, batch: int, iters: int, threads: int):
+  """One worker of the job (TF_CONFIG set by the launcher)."""
+  num_workers = common.start_worker(threads)
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
+  rng = np.random.RandomState(0)
+  images = rng.rand(batch * 4, _IMAGE, _IMAGE, 3).astype(np.float32)
+  labels = rng.randint(0, _CLASSES, batch * 4).astype(np.int32)
+  make_ds = lambda: tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(
+      batch, drop_remainder=True)
+  count = lambda variables: sum(int(np.prod(v.shape)) for v in variables)
+  # The replicator or strategy first: it must start the worker's server
+  # before TensorFlow runs anything.
+  if variant == "ours":
+    import replicator  # pylint: disable=g-import-not-at-top
+    from examples.resnet import models  # pylint: disable=g-import-not-at-top
+    repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+    ds = make_ds()
+    with repl.context():
+      model = models.ResNet50(
+          num_classes=_CLASSES, norm_factory=models.batch_norm_factory(cross_replica=True))
+      optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+
+    def step_fn(b):
+      x, y = b
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            y, model(x, is_training=True)))
+      optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                      model.trainable_variables)
+      return loss
+    input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input
+    call = lambda: repl.run(step_fn, input_fn)[0]
+    parameters = lambda: count(model.trainable_variables)  # built in the first call
+  else:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+    ds = make_ds()
+    with strategy.scope():
+      model = keras_resnet50(keras, _CLASSES)
+      optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+      optimizer.build(model.trainable_variables)
+    iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
+
+    def replica_fn(b):
+      x, y = b
+      with tf.GradientTape() as tape:
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            y, model(x, training=True))
+        # Over the global batch: Keras sums the gradients over replicas.
+        loss = tf.nn.compute_average_loss(per_example,
+                                          global_batch_size=batch * num_workers)
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return tf.reduce_mean(per_example)
+
+    @tf.function
+    def step(it):
+      return strategy.experimental_local_results(strategy.run(replica_fn, (next(it),)))[0]
+    call = lambda: step(iterator)
+    parameters = lambda: count(model.trainable_variables)
+  start = time.perf_counter()
+  call().numpy()
+  first_call_s = time.perf_counter() - start
+  # One more untimed call: the first one does the tracing (and, ours, the building).
+  ms = 1e3 * common.median_seconds_per_call(call, iters, warmup=1)
+  print("RESULT " + json.dumps({"variant": variant, "ms_per_step": ms,
+                                "first_call_s": first_call_s, "loss": float(call()),
+                                "parameters": parameters()}), flush=True)
+  if variant == "ours":
+    repl.shutdown()
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workers", default="2")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--iters", type=int, default=15, help="timed calls per job")
+  parser.add_argument("--batch", type=int, default=4, help="images per worker")
+  parser.add_argument("--json", default=None)
+  parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.worker:
+    worker(args.worker, args.batch, args.iters, args.threads)
+    return
+  counts = [int(w) for w in args.workers.split(",")]
+  best, first, rounds, losses, parameters = {}, {}, [], {}, {}
+  for round_index in range(args.rounds):
+    rounds.append({})
+    for workers in counts:
+      for variant in VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]:
+        result = common.run_job(
+            "benchmarks.bn_step",
+            ["--worker", variant, "--batch", str(args.batch), "--iters", str(args.iters)],
+            workers)
+        key = f"{variant}, {workers} workers"
+        if result["parameters"] != PARAMETERS:
+          raise AssertionError(f"{key}: {result['parameters']:,} trainable parameters, "
+                               f"expected {PARAMETERS:,} (Sonnet's ResNet-50 v1.5)")
+        parameters[variant] = result["parameters"]
+        best[key] = min(best.get(key, float("inf")), result["ms_per_step"])
+        first[key] = min(first.get(key, float("inf")), result["first_call_s"])
+        rounds[-1][key] = result["ms_per_step"]
+        losses[key] = result["loss"]
+        print(f"round {round_index + 1}, {key}: {result['ms_per_step']:.1f} ms/step, "
+              f"first call {result['first_call_s']:.1f} s, loss {result['loss']:.4f}",
+              flush=True)
+  result = {"machine": common.machine(), "batch_per_worker": args.batch,
+            "image_size": _IMAGE, "iters": args.iters,
+            "trainable parameters": parameters,
+            "ms_per_step (best of rounds)": best,
+            "first_call_s (best of rounds)": first,
+            "loss of worker 0 after the same steps (last round)": losses,
+            "ms_per_step (each round)": rounds,
+            "MWMS / ours (best of rounds)": {
+                f"{w} workers": best[f"MWMS, {w} workers"] / best[f"ours, {w} workers"]
+                for w in counts},
+            "MWMS / ours (each round)": {
+                f"{w} workers": [r[f"MWMS, {w} workers"] / r[f"ours, {w} workers"]
+                                 for r in rounds] for w in counts}}
+  common.write_result(result, args.json)
+
+
+if __name__ == "__main__":
+  main()
