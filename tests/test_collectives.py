@@ -281,8 +281,13 @@ def test_sum_in_float32_without_compression_is_an_error():
 
 @pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_emulated_2"])
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "gather", "broadcast"])
-def test_gradients_flow_through_collectives_as_on_one_device(name, kind):
-  """mean_r d loss_r / dw equals d/dw of mean_r loss_r computed on one device."""
+@pytest.mark.parametrize("how", ["GradientTape", "tf.gradients"])
+def test_gradients_flow_through_collectives_as_on_one_device(name, kind, how):
+  """mean_r d loss_r / dw equals d/dw of mean_r loss_r computed on one device.
+
+  Both of TensorFlow's ways to differentiate a graph take the collective's
+  gradient (a tape's record, and the gradient registered for its op).
+  """
   repl = catalogue.make(name)
   n = repl.num_replicas
   rng = np.random.RandomState(3)
@@ -299,6 +304,10 @@ def test_gradients_flow_through_collectives_as_on_one_device(name, kind):
 
   def step_fn():
     r = repl.replica_id
+    if how == "tf.gradients":
+      v = tf.identity(w)
+      y = collective(tf.tanh(v * tf.gather(data, r)))
+      return repl.all_mean(tf.gradients(tf.reduce_sum(y * tf.gather(weights, r)), v)[0])
     with tf.GradientTape() as tape:
       y = collective(tf.tanh(w * tf.gather(data, r)))
       loss = tf.reduce_sum(y * tf.gather(weights, r))
