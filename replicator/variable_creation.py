@@ -182,7 +182,10 @@ class VariableFactory:
           lift_and_assign()
       lift_and_assign()
     with tf.init_scope():
-      tf.function(initialize, autograph=False)()
+      # Called as a concrete function: tf.function warns of "retracing" when
+      # closures of one code object are traced again and again (one per step
+      # that builds a model; a sweep builds many).
+      tf.function(initialize, autograph=False).get_concrete_function()()
 
   def _fill_copies(self):
     """Gives the copies made in a trace their variable's initial value.

@@ -188,3 +188,17 @@ def test_a_stateful_op_before_a_variable_made_in_the_step_is_not_run_to_initiali
   assert len(printed) == repl.num_local_replicas  # once per replica in the step, not at init
   for copy in made[0].replicas:
     np.testing.assert_array_equal(copy.numpy(), [0.0, 1.0, 2.0])
+
+
+def test_building_many_models_in_their_steps_raises_no_retracing_warning(caplog):
+  """A sweep builds a model in the first step of each run: the variables'
+  initialization is not a `tf.function` that TensorFlow warns is retraced."""
+  caplog.set_level("WARNING")
+  for _ in range(7):
+    repl = catalogue.make("gpu")
+    with repl.context():
+      model = snt.Linear(2)
+    out = repl.run(lambda: model(tf.ones([1, 3])))  # pylint: disable=cell-var-from-loop
+    np.testing.assert_allclose(out.numpy()[0], (tf.ones([1, 3]) @ model.w + model.b).numpy())
+    repl.shutdown()
+  assert "retracing" not in caplog.text
