@@ -12,27 +12,16 @@ takes its key at run time, one per class, after the workers found their shapes
 equal.
 """
 
-import dataclasses
 from typing import Optional
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 
-@dataclasses.dataclass(frozen=True)
-class StandInWorkers:
-  """The other workers while a step is traced only to build it (never run).
-
-  Collectives across workers become stand-ins of the right shape, and no
-  collective instance key is used up (every worker must draw the same keys).
-  """
-  num_workers: int
-
-
 def across_workers(value: tf.Tensor, merge_op: str, workers,
                    instance_key: Optional[int] = None) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective)."""
-  if workers is None or workers.num_workers == 1 or isinstance(workers, StandInWorkers):
+  if workers is None or workers.num_workers == 1:
     return value
   if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
     # (booleans as 0/1: Max is any worker's, Min every worker's, a nonzero sum true)
@@ -179,8 +168,6 @@ def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
   """
   if workers is None or workers.num_workers == 1:
     return value
-  if isinstance(workers, StandInWorkers):
-    return tf.concat([value] * workers.num_workers, 0)
   if value.dtype in _GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
     return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), value.dtype)
   if value.dtype.is_complex:  # nor for these: (real, imaginary) pairs of floats

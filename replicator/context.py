@@ -14,7 +14,6 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from replicator import between_workers
 
 _local = threading.local()
 
@@ -80,20 +79,14 @@ class ReplicaGroup:
     devices: one device per local replica.
     first_replica_id: global id of the first local replica.
     num_replicas: replicas in the whole job.
-    build_only: trace replica 0 alone; collectives return values of the right
-      shape without communication. Used to create variables before the real
-      trace.
     workers: a `cluster.CollectiveKeys` when replicas span several workers.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
-               num_replicas: int, build_only: bool = False, workers=None):
+               num_replicas: int, workers=None):
     self.devices = tuple(devices)
     self.first_replica_id = first_replica_id
     self.num_replicas = num_replicas
-    self.build_only = build_only
-    if build_only and workers is not None:
-      workers = between_workers.StandInWorkers(workers.num_workers)
     self.workers = workers
     self._resume = [threading.Event() for _ in self.devices]
     self._paused = threading.Semaphore(0)
@@ -112,11 +105,7 @@ class ReplicaGroup:
           replica_scope: Callable[[int], Any]) -> List[Any]:
     """Returns `[fn(*args_per_replica[r]) for r in local replicas]`, traced."""
     self.step_graph = tf.compat.v1.get_default_graph()
-    if self.build_only:
-      replica = ReplicaContext(self, 0)
-      with _entered(replica), replica_scope(0):
-        return [fn(*args_per_replica[0])]
-    graph = tf.compat.v1.get_default_graph()
+    graph = self.step_graph
     name_scope = graph.get_name_scope()
     # Variable creators are kept per thread (tf.function's own among them, which
     # makes variables it cannot make outside the trace); as MirroredStrategy's
@@ -181,8 +170,6 @@ class ReplicaGroup:
 
   def collective(self, index: int, name: str, flat_values, merge):
     _check_not_nested(name)
-    if self.build_only:
-      return merge([flat_values] * self.num_local)[0]
     self._arrivals[index] = ("collective", name, flat_values, merge)
     self._paused.release()
     self._resume[index].wait()

@@ -62,10 +62,7 @@ def _to_front(value: tf.Tensor, axis: int):
 
 def _across_workers(local: List[tf.Tensor], axis: int, workers) -> List[tf.Tensor]:
   fronts, inverses = zip(*[_to_front(value, axis) for value in local])
-  if isinstance(workers, between_workers.StandInWorkers):  # the build trace's shapes
-    gathered = [between_workers.gather_workers(front, workers) for front in fronts]
-  else:
-    gathered = _gather_uneven(list(fronts), workers)
+  gathered = _gather_uneven(list(fronts), workers)
   return [front if inverse is None else tf.transpose(front, inverse)
           for front, inverse in zip(gathered, inverses)]
 

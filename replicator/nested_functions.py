@@ -3,9 +3,7 @@
 `tf.function` keeps one trace per input signature, and nothing about the
 replica being traced is part of its key. Left alone, replica 1 would run the
 trace made for replica 0 (replica 0's copies of the variables; its updates
-would skip the replicas' aggregation), and every replica would run the trace
-made during the build-only first pass (collectives of one replica's values).
-So, while a replica is being traced:
+would skip the replicas' aggregation). So, while a replica is being traced:
 - a `tf.function` without `jit_compile` is traced inline, as if its decorator
   were absent (run() compiles the whole step anyway): collectives, optimizer
   updates and variable creation inside it behave as in step_fn itself;

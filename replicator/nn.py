@@ -5,7 +5,6 @@ import tensorflow as tf
 
 from replicator import context
 from replicator import replica_ops
-from replicator.reduce_options import ReduceOp
 
 
 class CrossReplicaBatchNorm(snt.BatchNorm):

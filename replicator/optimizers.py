@@ -219,7 +219,7 @@ class ReplicatedOptimizer(tf.Module):
     with context.writing_locally():
       if self._accumulate_steps == 1:
         return self._update(grads, variables)
-      return self._accumulate(grads, variables, replica.group.build_only)
+      return self._accumulate(grads, variables)
 
   def _update(self, grads, variables):
     if self._clip_global_norm is not None:
@@ -240,7 +240,7 @@ class ReplicatedOptimizer(tf.Module):
       grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
     return self._base.apply(grads, variables)
 
-  def _accumulate(self, grads, variables, build_only):
+  def _accumulate(self, grads, variables):
     """Adds the gradients to their variables' sums; the k-th apply of this
     list of variables since the last update applies their mean."""
     count, accumulators = self._lists.find(variables)
@@ -252,8 +252,6 @@ class ReplicatedOptimizer(tf.Module):
       self._accumulated.append(count)
       self._accumulators.extend(accumulators)
       self._lists.add(variables, count, accumulators)
-    if build_only:  # trace the update unconditionally so slots get created
-      self._update(grads, variables)
     for accumulator, grad in zip(accumulators, grads):
       if grad is not None:
         accumulator.assign_add(tf.cast(grad, accumulator.dtype))

@@ -210,7 +210,7 @@ def _static_starts(values, axis: int, workers):
       if not others.is_fully_defined():
         return [None] * len(values)
     local_totals.append(sum(sizes))
-  worker = getattr(workers, "worker_index", 0) if several else 0  # stand-ins: 0
+  worker = workers.worker_index if several else 0
   return [[worker * total + sum(replica[index].shape[axis] for replica in values[:r])
            for index, total in enumerate(local_totals)]
           for r in range(len(values))]

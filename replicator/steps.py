@@ -1,14 +1,13 @@
 """A compiled step: `steps` iterations of step_fn on every replica, one call.
 
-On one worker, compilation traces each replica once: the replicated step is
-traced first, on its own, with a variable factory active for replica 0 (modules
-built on first call and optimizer slots are created there, outside the trace,
-and initialized after it from the initializers it computed; see
-`variable_creation`), and the loop reuses that trace. On several workers a first
-trace of replica 0 alone, in a throwaway `tf.function` with stand-ins for the
-collectives, makes the variables and finds the outputs; then all replicas are
-traced into the real loop, where creating a variable is an error. How `args`
-are passed is in `step_args`, how each step's batches are fetched in
+Compilation traces each replica once: the replicated step is traced first, on
+its own, with a variable factory active for replica 0 (modules built on first
+call and optimizer slots are created there, outside the trace, and initialized
+after it from the initializers it computed; see `variable_creation`), and the
+loop reuses that trace; a later trace for other `args` may not create
+variables. On several workers the chief's initial values then go to every
+worker, and the workers compare the collectives they traced before any of them
+runs (`step_errors.check_same_program`). How `args` are passed is in `step_args`, how each step's batches are fetched in
 `step_fetch`, and the errors of a step that cannot run in `step_errors`.
 """
 
@@ -117,11 +116,8 @@ class CompiledStep:
     new = signature not in self._traced
     if new:  # step_fn's outputs may depend on args
       issued = self._workers.issued if self._workers is not None else 0
-      if self._workers is None:
-        self._traced[signature] = self._trace_first(iterator, args,
-                                                    creating=not self._traced)
-      else:
-        self._traced[signature] = self._build(args, creating=not self._traced)
+      self._traced[signature] = self._trace_first(iterator, args,
+                                                  creating=not self._traced)
     self._current = self._traced[signature]
     if new and self._workers is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
@@ -154,10 +150,9 @@ class CompiledStep:
         [None if spec is None else next(tensors)
          for spec in tf.nest.flatten(output_spec)])
 
-  def _group(self, build_only: bool) -> context.ReplicaGroup:
+  def _group(self) -> context.ReplicaGroup:
     return context.ReplicaGroup(self._devices, self._first_replica_id,
-                                self._num_replicas, build_only=build_only,
-                                workers=self._workers)
+                                self._num_replicas, workers=self._workers)
 
   def _replica_scope(self, creating: bool):
     @contextlib.contextmanager
@@ -178,7 +173,7 @@ class CompiledStep:
     return scope
 
   def _trace_first(self, iterator, args, creating: bool) -> _Traced:
-    """One worker: the real step, traced before the loop, finding the outputs.
+    """The real step, traced before the loop, finding the outputs.
 
     The first (`creating`) also creates the variables that step_fn makes, on
     replica 0: the replicas are traced in lockstep, replica 0 first, so the
@@ -200,32 +195,6 @@ class CompiledStep:
     return _Traced(self._traced_output_spec,
                    _draws_from_kernel_state(concrete.graph, initializers))
 
-  def _build(self, args, creating: bool) -> _Traced:
-    """A trace of replica 0 alone, finding the outputs for these `args`.
-
-    The first (`creating`) also creates the variables that step_fn makes.
-    """
-    step_fn = self._converted_in_function()
-    args = step_args.dereference(args)
-
-    def trace(*batch):
-      inputs = tuple(batch) + tuple(args)
-      outputs = self._group(build_only=True).run(
-          step_fn, [inputs], self._replica_scope(creating=creating))[0]
-      return step_errors.check_outputs(outputs, self._step_fn)
-
-    specs = () if self._traced_spec is None else (self._traced_spec,)
-    try:
-      with self._factory.creating() if creating else contextlib.nullcontext(set()) \
-          as initializers:
-        concrete = tf.function(trace, autograph=False).get_concrete_function(*specs)
-    except op_selector.UnliftableError as error:
-      raise step_errors.data_dependent_initializer(error, self._step_fn) from error
-    if creating:
-      self._on_variables_created()
-    return _Traced(tf.nest.map_structure(_to_spec, concrete.structured_outputs),
-                   _draws_from_kernel_state(concrete.graph, initializers))
-
   def _converted_in_function(self):
     step_fn = self._step_fn
 
@@ -239,7 +208,7 @@ class CompiledStep:
     args = step_args.dereference(args)
     per_replica = [((step_fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]
-    outputs = self._group(build_only=False).run(
+    outputs = self._group().run(
         step_fn, per_replica, self._replica_scope(creating=self._creating))
     outputs = [step_errors.check_outputs(o, self._step_fn) for o in outputs]
     self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
@@ -259,10 +228,10 @@ class CompiledStep:
     return tuple(zeros(spec) for spec in self._current.tensor_specs)
 
   def _invariants(self):
-    """The outputs' shapes through the loop: the build trace's rank, no dims.
+    """The outputs' shapes through the loop: their rank, no dims.
 
-    The build trace (replica 0 alone, other workers' shapes stood in for) may
-    know a dim that the real trace does not, or another size.
+    The output specs are replica 0's; another replica's may have other static
+    sizes (rows picked by `replica_id`).
     """
     n = len(self._devices)
     return tuple(tf.TensorShape([n]).concatenate(
