@@ -364,9 +364,10 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert most == fewest + 1 and int(traced.group(1)) == (most if w == 0 else fewest), out
     assert lines["THEN"] == "THEN [14.0, 14.0, 14.0]", out  # v: 6 after NUMERICS, then 7
     # as many collectives but other shapes: the error, and collectives still work
+    # (listed as traced: the step's first, then the loop's check of `steps`)
     assert (f"SHAPES step_fn: shapes_fn traced collectives of other dtypes or shapes "
-            f"on other workers (this worker, {w}: Min int64[2]; Add float32"
-            f"[{2 if w == 0 else 3}])") in lines["SHAPES"], out
+            f"on other workers (this worker, {w}: Add float32[{2 if w == 0 else 3}]; "
+            "Min int64[2])") in lines["SHAPES"], out
     assert lines["STILL"] == "STILL [16.0, 16.0, 16.0]", out
     # a batch dim static on one worker and not the other: not another program
     assert lines["MIXED"] == "MIXED [0.0, 1.0, 10.0, 11.0] [10.0, 12.0]", out
