@@ -123,6 +123,11 @@ class CompiledStep:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
       step_errors.check_same_program(self._step_fn, self._workers, self._devices[0],
                                      issued)
+      # Only now: the chief's initial values travel in collectives whose keys
+      # follow the step's, which workers that traced other programs do not
+      # share until the check has realigned them (else both wait forever;
+      # if the check raises, the next run sends the values).
+      self._on_variables_created()
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
     # whatever `steps` each call asks for. So does every step on several
@@ -190,7 +195,7 @@ class CompiledStep:
       raise step_errors.data_dependent_initializer(error, self._step_fn) from error
     finally:
       self._creating = False
-    if creating:
+    if creating and self._workers is None:  # several: after the program check
       self._on_variables_created()
     return _Traced(self._traced_output_spec,
                    _draws_from_kernel_state(concrete.graph, initializers))

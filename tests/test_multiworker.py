@@ -348,6 +348,8 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
   are not shared (different states restored before) raise the true error."""
   results = _run_workers(["--ckpt", str(tmp_path / "ckpt")], timeout_s=60,
                          wait_for=(0, 1), script="agree.py")
+  lazy = [re.search(r"LAZY_THEN (.*)", out) for _, out in results]
+  assert all(lazy) and lazy[0].group(1) == lazy[1].group(1), results  # the chief's
   for w, (code, out) in enumerate(results):
     assert code == 0 and "DONE" in out, out
     lines = {l.split()[0]: l for l in out.splitlines() if l[:1].isupper()}
@@ -363,6 +365,8 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     fewest, most = int(traced.group(2)), int(traced.group(3))
     assert most == fewest + 1 and int(traced.group(1)) == (most if w == 0 else fewest), out
     assert lines["THEN"] == "THEN [14.0, 14.0, 14.0]", out  # v: 6 after NUMERICS, then 7
+    # the same in the trace that builds a model: the error, then the chief's values
+    assert lines["LAZY"] == "LAZY ProgramsDiffer", out
     # as many collectives but other shapes: the error, and collectives still work
     # (listed as traced: the step's first, then the loop's check of `steps`)
     assert (f"SHAPES step_fn: shapes_fn traced collectives of other dtypes or shapes "

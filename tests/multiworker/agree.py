@@ -11,6 +11,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
+import sonnet as snt
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import replicator
@@ -74,6 +75,24 @@ def main():
   except ValueError as error:
     print(f"BRANCH {error}", flush=True)
   print(f"THEN {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
+
+  with repl.context():
+    linear = snt.Linear(2)  # random initial values, the chief's on every worker
+
+  def lazy_branching_fn():  # the same, in the trace that builds a model
+    y = repl.all_sum(linear(tf.ones([1, 3])))
+    if worker == 0:
+      y += repl.all_max(y)
+    return y
+
+  try:  # the chief's initial values travel after the check (a hang before)
+    repl.run(lazy_branching_fn)
+    print("LAZY ran", flush=True)
+  except ValueError as error:
+    print(f"LAZY {type(error).__name__}", flush=True)
+  out = repl.run(lambda: repl.all_sum(linear(tf.ones([1, 3]))))
+  print(f"LAZY_THEN {linear.w.numpy().ravel().tolist()} {out.numpy()[0].tolist()}",
+        flush=True)
 
   def shapes_fn():  # as many collectives, of another shape on the chief
     return repl.all_sum(v.read_value()[:2] if worker == 0 else v.read_value())
