@@ -5,9 +5,9 @@ its own, with a variable factory active for replica 0 (modules built on first
 call and optimizer slots are created there, outside the trace, and initialized
 after it from the initializers it computed; see `variable_creation`), and the
 loop reuses that trace; a later trace for other `args` may not create
-variables. On several workers the chief's initial values then go to every
-worker, and the workers compare the collectives they traced before any of them
-runs (`step_errors.check_same_program`). How `args` are passed is in `step_args`, how each step's batches are fetched in
+variables. On several workers the workers then compare the collectives they
+traced before any of them runs (`step_errors.check_same_program`), and only
+then do the chief's initial values go to every worker. How `args` are passed is in `step_args`, how each step's batches are fetched in
 `step_fetch`, and the errors of a step that cannot run in `step_errors`.
 """
 
