@@ -66,6 +66,18 @@ def write_result(result: dict, json_path=None) -> None:
       json.dump(result, f, indent=2)
 
 
+def mwms_over_ours(best: dict, rounds: list, counts) -> dict:
+  """MWMS's time over ours at each worker count: best of rounds, and each round.
+
+  `best` and each of `rounds` map "ours, W workers" / "MWMS, W workers" to a
+  time (lower is better), so a ratio over 1 means ours is faster.
+  """
+  ratio = lambda times, w: times[f"MWMS, {w} workers"] / times[f"ours, {w} workers"]
+  return {"MWMS / ours (best of rounds)": {f"{w} workers": ratio(best, w) for w in counts},
+          "MWMS / ours (each round)": {f"{w} workers": [ratio(r, w) for r in rounds]
+                                       for w in counts}}
+
+
 def start_worker(threads: int) -> int:
   """In a worker `run_job` started: quiet logs, `threads` intra-op threads.
 

@@ -133,12 +133,7 @@ def main():
             "ms_per_step (best of rounds)": best,
             "loss of worker 0 after the same steps (last round)": losses,
             "ms_per_step (each round)": rounds,
-            "MWMS / ours (best of rounds)": {
-                f"{w} workers": best[f"MWMS, {w} workers"] / best[f"ours, {w} workers"]
-                for w in counts},
-            "MWMS / ours (each round)": {
-                f"{w} workers": [r[f"MWMS, {w} workers"] / r[f"ours, {w} workers"]
-                                 for r in rounds] for w in counts}}
+            **common.mwms_over_ours(best, rounds, counts)}
   common.write_result(result, args.json)
 
 

@@ -187,21 +187,25 @@ def checkpoint_section(r):
              ["", "replicator.Checkpointer, s", "tf.train.Checkpoint, s", "ours / plain"])])
 
 
+def _mwms_over_ours_table(r):
+  each = r["MWMS / ours (each round)"]
+  return _table([[w, f"{value:.2f}x", f"{min(each[w]):.2f}x - {max(each[w]):.2f}x"]
+                 for w, value in r["MWMS / ours (best of rounds)"].items()],
+                ["same W", "MWMS / ours, best of rounds", "round by round"])
+
+
 def gather_section(r):
   ms = r["ms_per_step (best of rounds)"]
   losses = r.get("loss of worker 0 after the same steps (last round)", {})
   rows = [[k, f"{v:.2f}", f"{losses[k]:.6f}" if k in losses else ""]
           for k, v in ms.items()]
-  each = r["MWMS / ours (each round)"]
-  versus = [[w, f"{value:.2f}x", f"{min(each[w]):.2f}x - {max(each[w]):.2f}x"]
-            for w, value in r["MWMS / ours (best of rounds)"].items()]
   return "\n\n".join([
       "## All-gather in a training step (contrastive loss over the global batch, "
       f"{r['batch_per_worker']} x {r['dim']} embeddings per worker, differentiated)",
       f"`{COMMANDS['gather_step']}` (each worker process: cores / W intra-op threads; "
       "ms: worker 0's median call, 5 steps a call, best of the rounds)",
       _table(rows, ["variant", "ms/step", "worker 0's loss after the same steps"]),
-      _table(versus, ["same W", "MWMS / ours, best of rounds", "round by round"])])
+      _mwms_over_ours_table(r)])
 
 
 def bn_step_section(r):
@@ -210,9 +214,6 @@ def bn_step_section(r):
   losses = r.get("loss of worker 0 after the same steps (last round)", {})
   rows = [[k, f"{v:.1f}", f"{first[k]:.1f}" if k in first else "",
            f"{losses[k]:.4f}" if k in losses else ""] for k, v in ms.items()]
-  each = r["MWMS / ours (each round)"]
-  versus = [[w, f"{value:.2f}x", f"{min(each[w]):.2f}x - {max(each[w]):.2f}x"]
-            for w, value in r["MWMS / ours (best of rounds)"].items()]
   parameters = ", ".join(f"{k} {v:,}" for k, v in r["trainable parameters"].items())
   return "\n\n".join([
       "## Synchronized batch norm in a training step (ResNet-50 v1.5, "
@@ -226,7 +227,7 @@ def bn_step_section(r):
       "the losses differ because the initial values do)",
       _table(rows, ["variant", "ms/step", "first call, s",
                     "worker 0's loss after the same steps"]),
-      _table(versus, ["same W", "MWMS / ours, best of rounds", "round by round"])])
+      _mwms_over_ours_table(r)])
 
 
 def first_step_section(r):

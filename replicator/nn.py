@@ -15,7 +15,8 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
   gathered in one collective and combined (Chan et al.), so N replicas
   normalize as one device with the whole global batch, per replica batches of
   different sizes (`replicator.allow_uneven_batches`) included. Each replica
-  updates its own copy of the moving averages from those global statistics. Elsewhere (one replica, outside a step, moving statistics) it is
+  updates its own copy of the moving averages from those global statistics.
+  Elsewhere (one replica, outside a step, moving statistics) it is
   `snt.BatchNorm` to the bit, fused kernel included. float16 and bfloat16
   inputs get their statistics in float32, as `tf.nn.moments` does (and
   `snt.BatchNorm`'s fused kernel refuses rank-4 ones).

@@ -7,8 +7,9 @@ after it from the initializers it computed; see `variable_creation`), and the
 loop reuses that trace; a later trace for other `args` may not create
 variables. On several workers the workers then compare the collectives they
 traced before any of them runs (`step_errors.check_same_program`), and only
-then do the chief's initial values go to every worker. How `args` are passed is in `step_args`, how each step's batches are fetched in
-`step_fetch`, and the errors of a step that cannot run in `step_errors`.
+then do the chief's initial values go to every worker. How `args` are passed
+is in `step_args`, how each step's batches are fetched in `step_fetch`, and the
+errors of a step that cannot run in `step_errors`.
 """
 
 import contextlib
@@ -123,10 +124,10 @@ class CompiledStep:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
       step_errors.check_same_program(self._step_fn, self._workers, self._devices[0],
                                      issued)
-      # Only now: the chief's initial values travel in collectives whose keys
-      # follow the step's, which workers that traced other programs do not
-      # share until the check has realigned them (else both wait forever;
-      # if the check raises, the next run sends the values).
+      # Only now (one worker has nothing to send): the chief's initial values
+      # travel in collectives whose keys follow the step's, which workers that
+      # traced other programs do not share until the check has realigned them
+      # (else both wait forever; if the check raises, the next run sends them).
       self._on_variables_created()
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
@@ -195,8 +196,6 @@ class CompiledStep:
       raise step_errors.data_dependent_initializer(error, self._step_fn) from error
     finally:
       self._creating = False
-    if creating and self._workers is None:  # several: after the program check
-      self._on_variables_created()
     return _Traced(self._traced_output_spec,
                    _draws_from_kernel_state(concrete.graph, initializers))
 
