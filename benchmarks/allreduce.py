@@ -47,66 +47,101 @@ def _gradients(scale):
           for n in resnet50_sizes()]
 
 
-def worker(variant: str, scale: float, iters: int, threads: int):
-  """One worker of the job (TF_CONFIG set by the launcher)."""
+def median_ms_alternating(calls: dict, iters: int, warmup: int) -> dict:
+  """Each of `calls` (name -> function) called in turn; median ms per name.
+
+  Every call is fetched to the host before the clock stops. The order rotates
+  from one pass to the next, so no variant always follows the same one; every
+  worker makes the same calls in the same order, as collectives require.
+  """
+  import time  # pylint: disable=g-import-not-at-top
+  names = list(calls)
+  for name in names:
+    for _ in range(warmup):
+      float(calls[name]())
+  times = {name: [] for name in names}
+  for i in range(iters):
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      start = time.perf_counter()
+      float(calls[name]())
+      times[name].append(time.perf_counter() - start)
+  return {name: 1e3 * sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def worker(variants, scale: float, iters: int, threads: int):
+  """One worker of the job (TF_CONFIG set by the launcher): every variant.
+
+  MWMS starts the worker's server and the replicator joins it, so both run
+  in the same processes, their calls alternating: they share the job's luck
+  (on a shared machine one job can run 20-40% slower than the next).
+  """
   num_workers = common.start_worker(threads)
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf
+  import replicator  # pylint: disable=g-import-not-at-top
   grads = _gradients(scale)
-  ours = not variant.startswith("MWMS")
-  if ours:
-    import replicator  # pylint: disable=g-import-not-at-top
-    options = replicator.AllReduceOptions(
-        compression=(replicator.Compression.BF16 if variant.startswith("ours bf16")
-                     else replicator.Compression.NONE),
-        sum_in_float32="float32 sum" in variant)
-    repl = replicator.MultiGpuReplicator(devices=["CPU:0"], all_reduce=options)
-    if variant.startswith("transfer alone"):
-      dtype = tf.bfloat16 if "bf16" in variant else tf.float32
-      starts = np.cumsum([0] + [g.size for g in grads[:-1]])
-      with repl.context():
-        flat = tf.Variable(tf.cast(np.concatenate(grads), dtype))
+  ring = tf.distribute.experimental.CommunicationImplementation.RING
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          implementation=ring))
+  repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+  with strategy.scope():
+    mwms_variables = [tf.Variable(g) for g in grads]
+  with repl.context():
+    variables = [tf.Variable(g) for g in grads]
+  starts = np.cumsum([0] + [g.size for g in grads[:-1]])
+  flat = {}
+  with repl.context():
+    for dtype in (tf.float32, tf.bfloat16):
+      flat[dtype] = tf.Variable(tf.cast(np.concatenate(grads), dtype))
 
-      def step_fn():
-        total = repl.all_reduce(flat.read_value())
-        return tf.reduce_sum(tf.cast(tf.gather(total, starts), tf.float32))
-    else:
-      with repl.context():
-        variables = [tf.Variable(g) for g in grads]
-
-      def step_fn():
-        reduced = repl.all_reduce([v.read_value() for v in variables])
-        return tf.add_n([r[0] for r in reduced])
-    call = lambda: repl.run(step_fn)[0]
-  else:
-    packing = 32 * 2**20 if "32MB" in variant else 0
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=packing,
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
-    with strategy.scope():
-      variables = [tf.Variable(g) for g in grads]
+  def mwms_call(packing):
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=packing, implementation=ring)
 
     def replica_fn():
       reduced = tf.distribute.get_replica_context().all_reduce(
-          tf.distribute.ReduceOp.SUM, [v.read_value() for v in variables])
+          tf.distribute.ReduceOp.SUM, [v.read_value() for v in mwms_variables],
+          options=options)
       return tf.add_n([r[0] for r in reduced])
 
-    @tf.function
-    def step():
-      return strategy.run(replica_fn)
-    call = lambda: strategy.experimental_local_results(step())[0]
-  # Untimed: the trace, the first rendezvous, and calls that still set up
+    step = tf.function(lambda: strategy.run(replica_fn))
+    return lambda: strategy.experimental_local_results(step())[0]
+
+  def ours_call(compression, sum_in_float32=False):
+    options = replicator.AllReduceOptions(compression=compression,
+                                          sum_in_float32=sum_in_float32)
+
+    def step_fn():
+      reduced = repl.all_reduce([v.read_value() for v in variables], options=options)
+      return tf.add_n([r[0] for r in reduced])
+    return lambda: repl.run(step_fn)[0]
+
+  def transfer_call(dtype):
+    def step_fn():
+      total = repl.all_reduce(flat[dtype].read_value())
+      return tf.reduce_sum(tf.cast(tf.gather(total, starts), tf.float32))
+    return lambda: repl.run(step_fn)[0]
+
+  makers = {
+      "ours fp32 packed": lambda: ours_call(replicator.Compression.NONE),
+      "ours bf16": lambda: ours_call(replicator.Compression.BF16),
+      "ours bf16, float32 sum": lambda: ours_call(replicator.Compression.BF16, True),
+      "MWMS RING, bytes_per_pack=0": lambda: mwms_call(0),
+      "MWMS RING, bytes_per_pack=32MB": lambda: mwms_call(32 * 2**20),
+      "transfer alone: one fp32 tensor": lambda: transfer_call(tf.float32),
+      "transfer alone: one bf16 tensor": lambda: transfer_call(tf.bfloat16)}
+  calls = {name: makers[name]() for name in variants}
+  # Untimed: the traces, the first rendezvous, and calls that still set up
   # connections and buffers (in some jobs the first 3 to 5 ran 1.5x to 4x
   # slower than the rest).
-  seconds = common.median_seconds_per_call(call, iters, warmup=5)
+  ms = median_ms_alternating(calls, iters, warmup=5)
   # Every worker started from worker 0's values (ours syncs them; MWMS too).
   expected = num_workers * sum(float(g[0]) for g in grads)
-  error = abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
-  print("RESULT " + json.dumps({"variant": variant, "ms": 1e3 * seconds,
-                                "relative_error": error}), flush=True)
-  if ours:
-    repl.shutdown()
+  errors = {name: abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
+            for name, call in calls.items()}
+  print("RESULT " + json.dumps({"ms": ms, "relative_error": errors}), flush=True)
+  repl.shutdown()
 
 
 def _ratios(best, rounds, counts, variants):
@@ -136,9 +171,10 @@ def _ratios(best, rounds, counts, variants):
   return ratios, per_round
 
 
-def _run_job(variant, workers, scale, iters):
-  return common.run_job("benchmarks.allreduce", ["--worker", variant, "--scale", str(scale),
-                                          "--iters", str(iters)], workers)
+def _run_job(variants, workers, scale, iters):
+  return common.run_job("benchmarks.allreduce", ["--worker", ";".join(variants),
+                                                 "--scale", str(scale),
+                                                 "--iters", str(iters)], workers)
 
 
 def main():
@@ -154,7 +190,7 @@ def main():
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.worker, args.scale, args.iters, args.threads)
+    worker(args.worker.split(";"), args.scale, args.iters, args.threads)
     return
   sizes = resnet50_sizes()
   floats = sum(max(1, int(n * args.scale)) for n in sizes)
@@ -168,12 +204,12 @@ def main():
   for _ in range(args.rounds):
     rounds.append({})
     for workers in counts:
+      result = _run_job(variants, workers, args.scale, args.iters)
       for variant in variants:
-        result = _run_job(variant, workers, args.scale, args.iters)
         key = f"{variant}, {workers} workers"
-        rounds[-1][key] = result["ms"]
-        errors[key] = result["relative_error"]
-        print(f"{key}: {result['ms']:.1f} ms", flush=True)
+        rounds[-1][key] = result["ms"][variant]
+        errors[key] = result["relative_error"][variant]
+        print(f"{key}: {rounds[-1][key]:.1f} ms", flush=True)
   best = {key: min(r[key] for r in rounds) for key in rounds[0]}
   ratios, per_round = _ratios(best, rounds, counts, variants)
   result = {"machine": common.machine(),

@@ -31,7 +31,11 @@ _connected = None
 def connect(mesh: Mesh) -> None:
   """Starts this process's gRPC server and enables collectives with its peers.
 
-  Must run before TensorFlow executes anything in this process.
+  Must run before TensorFlow executes anything in this process, unless
+  `MultiWorkerMirroredStrategy` already started the server for the same
+  cluster: then the replicator joins it, and both work side by side. The
+  collectives are configured as that strategy configures them, so it can also
+  be created after a replicator.
   """
   global _connected
   spec = (mesh.worker_addresses, mesh.worker_index)
@@ -41,9 +45,15 @@ def connect(mesh: Mesh) -> None:
           f"cluster: this process already joined {_connected}; one process "
           "joins one cluster.")
     return
+  ctx = eager_context.context()
+  started = ctx._collective_ops_server_def  # pylint: disable=protected-access
+  if started is not None:  # by MultiWorkerMirroredStrategy, say
+    _check_same_cluster(started, mesh)
+    _connected = spec
+    return
   cpu = tf.config.list_physical_devices("CPU")[0]  # does not start the runtime
   num_local_cpus = len(tf.config.get_logical_device_configuration(cpu) or [cpu])
-  if eager_context.context()._context_handle is not None:  # pylint: disable=protected-access
+  if ctx._context_handle is not None:  # pylint: disable=protected-access
     raise RuntimeError(
         "cluster: TensorFlow already ran an op in this process, so it can no "
         "longer join a cluster. Create the MultiGpuReplicator first, before "
@@ -55,9 +65,11 @@ def connect(mesh: Mesh) -> None:
       cluster=tf.train.ClusterSpec({_JOB: list(mesh.worker_addresses)}).as_cluster_def(),
       job_name=_JOB, task_index=mesh.worker_index, protocol="grpc",
       default_session_config=session_config)
-  ctx = eager_context.context()
+  # As MultiWorkerMirroredStrategy configures them, which it checks.
   ctx.configure_collective_ops(
-      collective_leader=session_config.experimental.collective_group_leader)
+      collective_leader=session_config.experimental.collective_group_leader,
+      scoped_allocator_enabled_ops=("CollectiveReduce",),
+      device_filters=(f"/job:{_JOB}/task:{mesh.worker_index}",))
   ctx.enable_collective_ops(server_def)
   try:
     ctx.ensure_initialized()  # starts the server
@@ -73,6 +85,35 @@ def connect(mesh: Mesh) -> None:
         "(python -m replicator.launch picks free ports).") from error
   _connected = spec
 
+
+
+def _check_same_cluster(server_def, mesh: Mesh) -> None:
+  """Raises unless the running server is this mesh's worker, in its cluster."""
+  jobs = {job.name: [job.tasks[i] for i in sorted(job.tasks)]
+          for job in server_def.cluster.job}
+  if (server_def.job_name != _JOB or server_def.task_index != mesh.worker_index
+      or jobs.get(_JOB) != list(mesh.worker_addresses)):
+    raise RuntimeError(
+        f"cluster: this process already runs a TensorFlow server as task "
+        f"{server_def.task_index} of job {server_def.job_name!r} in {jobs}, "
+        f"but the replicator's cluster is worker {mesh.worker_index} of "
+        f"{list(mesh.worker_addresses)} (job {_JOB!r}). A process joins one "
+        "cluster: give both the same TF_CONFIG, or create the replicator "
+        "before anything else starts a server.")
+
+
+_group_keys = itertools.count(1 << 24)  # far from tf.distribute's (from 1)
+
+
+def next_group_key() -> int:
+  """A collective group key of its own for each replicator of the process.
+
+  TensorFlow matches collectives by group and instance key; each replicator
+  counts instance keys from 1, so two replicators of one process (or a
+  replicator and `MultiWorkerMirroredStrategy`) need groups of their own. The
+  workers create their replicators in the same order, so the keys match.
+  """
+  return next(_group_keys)
 
 class CollectiveKeys:
   """Instance keys for cross-worker collectives.
@@ -96,11 +137,11 @@ class CollectiveKeys:
   _SLOTS = ((1 << 30) - (1 << 29)) // _CLASSES_PER_SLOT
 
   def __init__(self, num_workers: int, worker_index: int, timeout_s: float,
-               group_key: int = 1):
+               group_key: Optional[int] = None):
     self.num_workers = num_workers
     self.worker_index = worker_index
     self.timeout_s = timeout_s
-    self.group_key = group_key
+    self.group_key = next_group_key() if group_key is None else group_key
     self.issued = 0  # keys given out by `next`
     self.shape_slots = 0  # slots given out by `key_for_size_class`
     self._signatures = {}  # key -> what its collective carries

@@ -61,3 +61,21 @@ def test_no_cluster_found():
   with mock.patch.dict(os.environ, {"TF_CONFIG": ""}):
     with pytest.raises(ValueError, match="no cluster found.*replicator.launch"):
       replicator.Mesh.from_cluster()
+
+
+def test_joining_a_server_of_another_cluster_names_both():
+  from replicator import cluster  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.protobuf import tensorflow_server_pb2  # pylint: disable=g-import-not-at-top
+  mesh = replicator.Mesh.from_cluster(worker_addresses=["a:1", "b:1"], worker_index=1,
+                                      devices=["CPU:0"])
+
+  def server(addresses, index, job="worker"):
+    return tensorflow_server_pb2.ServerDef(
+        cluster=tf.train.ClusterSpec({job: addresses}).as_cluster_def(),
+        job_name=job, task_index=index)
+
+  cluster._check_same_cluster(server(["a:1", "b:1"], 1), mesh)  # the same: joins
+  for other in (server(["a:1", "b:1"], 0), server(["a:1", "c:1"], 1),
+                server(["a:1", "b:1"], 1, job="chief")):
+    with pytest.raises(RuntimeError, match=r"worker 1 of \['a:1', 'b:1'\].*same TF_CONFIG"):
+      cluster._check_same_cluster(other, mesh)

@@ -16,6 +16,7 @@ import test_equivalence
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "multiworker", "train_mlp.py")
 COLLECTIVES = os.path.join(os.path.dirname(__file__), "multiworker", "collectives.py")
+SIDE_BY_SIDE = os.path.join(os.path.dirname(__file__), "multiworker", "side_by_side.py")
 
 
 def _launch(tmp_path, *script_args, workers=2, devices=2, timeout_s=240, script=SCRIPT):
@@ -148,6 +149,30 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
         # ... or, summed in float32, the values and each worker's total once.
         err = np.abs(got[f"bf16_sum_in_float32_{j}"][r] - factor * exact)
         assert np.all(err <= factor * 2 * 2.0**-8 * scale), err.max()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mwms_first", [False, True])
+def test_replicators_beside_each_other_and_mwms_in_one_process(tmp_path, mwms_first):
+  """Two replicators' keys and MWMS's do not meet; MWMS may start the server."""
+  code, log = _launch(tmp_path, *(["--mwms_first"] if mwms_first else []),
+                      script=SIDE_BY_SIDE)
+  assert code == 0, log
+  sys.path.insert(0, os.path.dirname(SIDE_BY_SIDE))
+  try:
+    import side_by_side as worker  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  mwms = worker.mwms_value(0) + worker.mwms_value(1)
+  for w, got in enumerate(_results(tmp_path)):
+    np.testing.assert_array_equal(got["replicas"], [4, 4])
+    for i in range(2):
+      for r in range(2):  # every replica sums the 4 replicas' values
+        np.testing.assert_allclose(got[f"plain{i}"][r], 10 * worker.value(0, 5), rtol=1e-6)
+        np.testing.assert_allclose(got[f"compressed{i}"][r], 10 * worker.value(0, 3),
+                                   rtol=2.0**-7)
+        assert got[f"ids{i}"][r] == 0 + 1 + 2 + 3
+      np.testing.assert_allclose(got[f"mwms{i}"], mwms, rtol=1e-6)
 
 
 @pytest.mark.slow
