@@ -96,6 +96,7 @@ class ReplicaGroup:
     # (tf.function, local replica) -> (it, its copy); see nested_functions.
     self.function_copies = {}
     self.step_graph = None  # the graph `run` traces the replicas into
+    self.last_collective = None  # the name of the last collective the replicas met at
 
   @property
   def num_local(self) -> int:
@@ -150,6 +151,7 @@ class ReplicaGroup:
       values = [arrival[2] for arrival in self._arrivals]
       _check_same_graph(values, names[0])
       self._results = self._arrivals[0][3](values)
+      self.last_collective = names[0]
 
   def _trace_replica(self, r, fn, args, graph, name_scope, replica_scope, creators):
     self._resume[r].wait()

@@ -13,6 +13,7 @@ errors of a step that cannot run in `step_errors`.
 """
 
 import contextlib
+import functools
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
@@ -169,14 +170,30 @@ class CompiledStep:
             yield
         elif creating:
           with variable_creation.no_creation(
-              f"on replica {self._first_replica_id + r} but not on the first, which "
-              "makes every variable for all replicas (does step_fn branch on the "
-              "replica id around it?)"):
+              "", functools.partial(self._created_on_another_replica, r)):
             yield
         else:
           with variable_creation.no_creation("after its first run"):
             yield
     return scope
+
+  def _created_on_another_replica(self, r: int, what: str) -> str:
+    replica, first = self._first_replica_id + r, self._first_replica_id
+    collective = context.current().group.last_collective
+    causes = ("step_fn branches on the replica id around it"
+              if collective is None else
+              f"step_fn checked whether to create it (a module's first call, `if "
+              f"self.v is None`) before a collective ({collective}) and created it "
+              f"after: the replicas are traced in turn from one collective to the "
+              f"next, so replica {replica} checked before replica {first} had made "
+              f"it. Create such variables before the step's first collective (with a "
+              f"placeholder value, assigning the collective's result to them on "
+              f"the first step), or inside repl.context(). Or "
+              f"step_fn branches on the replica id around it")
+    return (f"step_fn created {what} on replica {replica} in its first run, where "
+            f"replica {first} makes every variable for all replicas and the others "
+            f"find them made; replica {replica} did not. Either {causes}: take the "
+            "same path on every replica.")
 
   def _trace_first(self, iterator, args, creating: bool) -> _Traced:
     """The real step, traced before the loop, finding the outputs.

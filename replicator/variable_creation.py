@@ -18,6 +18,7 @@ import contextlib
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import lift_to_graph
 from tensorflow.python.ops import op_selector
@@ -280,17 +281,35 @@ def _subgraph(value: tf.Tensor) -> Optional[frozenset]:
   return frozenset(ops)
 
 
+def describe(kwargs) -> str:
+  """How errors name a variable being created (Sonnet's have no name)."""
+  if kwargs.get("name"):
+    return f"the variable {kwargs['name']!r}"
+  initial_value = kwargs.get("initial_value")
+  shape = kwargs.get("shape")
+  if hasattr(initial_value, "shape"):
+    shape = initial_value.shape
+  elif initial_value is not None and not callable(initial_value):
+    shape = np.shape(initial_value)  # a Python number or list
+  return "a variable" + (f" of shape {tf.TensorShape(shape)}" if shape is not None else "")
+
+
 @contextlib.contextmanager
-def no_creation(where: str):
-  """Inside, creating a variable raises an error that says why."""
+def no_creation(where: str, explain=None):
+  """Inside, creating a variable raises an error that says why.
+
+  `explain`, if given, returns the whole message for a description of the
+  variable (else the message says it was created `where`).
+  """
 
   def refuse(next_creator, **kwargs):
     del next_creator
-    raise RuntimeError(
-        f"step_fn created the variable {kwargs.get('name')!r} {where}. "
+    what = describe(kwargs)
+    raise RuntimeError(explain(what) if explain else (
+        f"step_fn created {what} {where}. "
         "Variables may be created on the first run of a step, or inside "
         "repl.context(); create it there, or make step_fn take the same path "
-        "on every call.")
+        "on every call."))
 
   with tf.variable_creator_scope(refuse):
     yield

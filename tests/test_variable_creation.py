@@ -202,3 +202,26 @@ def test_building_many_models_in_their_steps_raises_no_retracing_warning(caplog)
     np.testing.assert_allclose(out.numpy()[0], (tf.ones([1, 3]) @ model.w + model.b).numpy())
     repl.shutdown()
   assert "retracing" not in caplog.text
+
+
+@pytest.mark.parametrize("after_a_collective", [False, True])
+def test_a_variable_made_on_another_replica_than_the_first_names_the_cause(
+    after_a_collective):
+  repl = catalogue.make("multi_gpu_2")
+
+  class Scaled(snt.Module):
+    def __call__(self, x):
+      if after_a_collective and not hasattr(self, "scale"):
+        # A scale from the global batch: every replica checks before the
+        # collective, replica 0 makes the variable after it.
+        self.scale = tf.Variable(1.0 / tf.sqrt(repl.all_mean(tf.reduce_mean(x * x))))
+      if not after_a_collective and tf.get_static_value(repl.replica_id) == 1:
+        self.scale = tf.Variable(1.0)  # a branch on the replica id
+      return x * getattr(self, "scale", 1.0)
+
+  module = Scaled()
+  cause = (r"checked whether to create it .* before a collective \(all_mean"
+           if after_a_collective else r"Either step_fn branches on the replica id")
+  with pytest.raises(RuntimeError, match=r"created a variable of shape \(\) on replica 1 "
+                     r"in its first run.*" + cause):
+    repl.run(lambda: module(tf.fill([4], tf.cast(repl.replica_id + 1, tf.float32))))
