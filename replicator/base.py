@@ -197,6 +197,7 @@ class Replicator:
           uneven_batches=self._inputs.allows_uneven_batches(input_fn))
       self._steps[(step_fn, input_fn)] = compiled
       input_streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
+      input_streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
     try:
       completed, outputs, status = compiled(iterator, int(steps), args)
     except step_errors.ProgramsDiffer:

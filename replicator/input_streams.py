@@ -6,6 +6,7 @@ checkpoint keeps, under a name (`resume.input_name`) that a resumed script
 finds again.
 """
 
+import functools
 import logging
 from typing import Callable
 
@@ -34,6 +35,38 @@ def warn_if_new_each_call(step_fn, input_fn, compiled):
         "mean to restart the data (reset_input does that).",
         context.name_of(step_fn))
 
+
+
+def warn_if_step_fn_new_each_call(step_fn, compiled):
+  """A new `step_fn` object per call compiles the step again: say so, once.
+
+  Function objects made from the same code (a lambda or a nested function
+  written inside the training loop, a new `functools.partial`) are told apart
+  by identity, as `tf.function` tells them, so each is compiled anew (tens of
+  milliseconds to seconds) and kept. `compiled`: the `(step_fn, input_fn)`
+  pairs the replicator has compiled.
+  """
+  function = _unwrapped(step_fn)
+  code = getattr(function, "__code__", None)
+  if code is None:
+    return
+  objects = [s for s, _ in compiled
+             if getattr(_unwrapped(s), "__code__", None) is code]
+  first_time = sum(1 for s in objects if s is step_fn) == 1
+  if first_time and len({id(s) for s in objects}) == 3:
+    logging.warning(
+        "replicator: run got a third different step_fn object made from the "
+        "same code (%s, %s:%d). Each new function object (for example a lambda "
+        "or functools.partial written inside the training loop) compiles the "
+        "step again and keeps it. Define step_fn once, outside the loop, and "
+        "pass what changes through args=(...).",
+        context.name_of(function), code.co_filename, code.co_firstlineno)
+
+
+def _unwrapped(fn):
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  return fn
 
 class InputStreams:
   """The iterator of each `input_fn` a replicator runs, and its position.

@@ -1,5 +1,7 @@
 """`run`: several steps per call, outputs, input sharing and exhaustion."""
 
+import functools
+
 import numpy as np
 import pytest
 import sonnet as snt
@@ -317,6 +319,36 @@ def test_generator_step_without_input():
 
   out = repl.run(step_fn, args=(tf.constant(1.5),), steps=4)
   np.testing.assert_allclose(out.numpy(), [6.0] * 4)
+
+
+def test_a_new_step_fn_each_call_warns_once(caplog):
+  repl = catalogue.make("multi_gpu_2")
+  with repl.context():
+    v = tf.Variable(2.0)
+  ds = tf.data.Dataset.range(100).batch(1)
+  inputs = [lambda ctx: ds, lambda ctx: ds.skip(5), lambda ctx: ds.skip(10)]
+
+  def step_fn(batch):
+    return tf.cast(batch[0], tf.float32) * v
+
+  with caplog.at_level("WARNING"):  # one step_fn, three inputs: no warning
+    for input_fn in inputs:
+      repl.run(step_fn, input_fn)
+  assert "step_fn object" not in caplog.text
+  with caplog.at_level("WARNING"):  # a new lambda each call, four times: one warning
+    outs = [repl.run(lambda: v * 3.0).numpy().tolist() for _ in range(4)]
+  assert outs == [[6.0, 6.0]] * 4
+  assert caplog.text.count("third different step_fn object made from the same code") == 1
+  caplog.clear()
+
+  def times(s):
+    return v * s
+
+  with caplog.at_level("WARNING"):  # a new partial each call
+    outs = [repl.run(functools.partial(times, s)).numpy().tolist() for s in (1.0, 2.0, 3.0)]
+  assert outs == [[2.0, 2.0], [4.0, 4.0], [6.0, 6.0]]
+  assert "third different step_fn object made from the same code (times" in caplog.text
+  assert "test_run.py" in caplog.text
 
 
 def test_a_new_input_fn_each_call_restarts_the_data_and_warns(caplog):
