@@ -2,19 +2,22 @@
 
 Ours (packed float32, bfloat16 on the wire, bfloat16 with a float32 sum) against
 `MultiWorkerMirroredStrategy` (RING; `bytes_per_pack=0`, its default, puts every
-tensor in one pack; 32MB packs of at least 32 MB), each variant in its own set
-of worker processes on 127.0.0.1, started through `replicator.launch`, variants
-alternating within each round. The gradient set has ResNet-50's 161 tensors
-with their sizes scaled by `--scale` (0.25: 6.4 M floats, 25.6 MB in float32;
-1.0 is the real 102 MB). Two more variants reduce one tensor that already holds
-every value, in float32 and in bfloat16: the transfer alone, with no packing
-or casting, which bounds what packing and compression can reach.
+tensor in one pack; 32MB packs of at least 32 MB). Each round is one job of
+worker processes on 127.0.0.1, started through `replicator.launch`, in which
+MWMS starts each worker's server, the replicator joins it, and every variant
+is called in turn (the order rotating from pass to pass): all variants share
+the job's luck, where on this shared machine one job can run 20-40% slower
+than the next. The gradient set has ResNet-50's 161 tensors with their sizes
+scaled by `--scale` (0.25: 6.4 M floats, 25.6 MB in float32; 1.0 is the real
+102 MB). Two more variants reduce one tensor that already holds every value,
+in float32 and in bfloat16: the transfer alone, with no packing or casting,
+which bounds what packing and compression can reach.
 
   python -m benchmarks.allreduce [--workers 2,4] [--rounds 3] [--json out.json]
 
-Prints ms per all-reduce (as timed by worker 0; best of the rounds) and the
+Prints ms per all-reduce (worker 0's median call; best of the rounds) and the
 ratios to MWMS, best of rounds and the range of the ratios taken round by
-round. Each worker gets cores/W intra-op threads.
+round (each round's ratios compare calls of one job). Each worker gets cores/W intra-op threads.
 """
 
 import argparse
@@ -45,27 +48,6 @@ def _gradients(scale):
   rng = np.random.RandomState(0)
   return [rng.randn(max(1, int(n * scale))).astype(np.float32)
           for n in resnet50_sizes()]
-
-
-def median_ms_alternating(calls: dict, iters: int, warmup: int) -> dict:
-  """Each of `calls` (name -> function) called in turn; median ms per name.
-
-  Every call is fetched to the host before the clock stops. The order rotates
-  from one pass to the next, so no variant always follows the same one; every
-  worker makes the same calls in the same order, as collectives require.
-  """
-  import time  # pylint: disable=g-import-not-at-top
-  names = list(calls)
-  for name in names:
-    for _ in range(warmup):
-      float(calls[name]())
-  times = {name: [] for name in names}
-  for i in range(iters):
-    for name in names[i % len(names):] + names[:i % len(names)]:
-      start = time.perf_counter()
-      float(calls[name]())
-      times[name].append(time.perf_counter() - start)
-  return {name: 1e3 * sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def worker(variants, scale: float, iters: int, threads: int):
@@ -135,7 +117,8 @@ def worker(variants, scale: float, iters: int, threads: int):
   # Untimed: the traces, the first rendezvous, and calls that still set up
   # connections and buffers (in some jobs the first 3 to 5 ran 1.5x to 4x
   # slower than the rest).
-  ms = median_ms_alternating(calls, iters, warmup=5)
+  ms = {name: 1e3 * t for name, t in
+        common.median_seconds_alternating(calls, iters, warmup=5).items()}
   # Every worker started from worker 0's values (ours syncs them; MWMS too).
   expected = num_workers * sum(float(g[0]) for g in grads)
   errors = {name: abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)

@@ -58,6 +58,29 @@ def median_seconds_per_call(fn, calls: int, warmup: int = 1) -> float:
   return sorted(times)[len(times) // 2]
 
 
+def median_seconds_alternating(calls: dict, iters: int, warmup: int) -> dict:
+  """Median seconds of each of `calls` (name -> function), called in turn.
+
+  Each name's calls alternate with the others', so all share the machine's
+  luck of the moment. Every call is fetched to the host before the clock
+  stops. The order rotates from one pass to the next, so no variant always
+  follows the same one; in a job of several workers every worker makes the
+  same calls in the same order, as collectives require.
+  """
+  names = list(calls)
+  fetch = lambda out: getattr(out, "numpy", lambda: out)()
+  for name in names:
+    for _ in range(warmup):
+      fetch(calls[name]())
+  times = {name: [] for name in names}
+  for i in range(iters):
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      start = time.perf_counter()
+      fetch(calls[name]())
+      times[name].append(time.perf_counter() - start)
+  return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def write_result(result: dict, json_path=None) -> None:
   """Prints `result` as JSON, and writes it to `json_path` when one is given."""
   print(json.dumps(result, indent=2))

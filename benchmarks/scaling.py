@@ -3,8 +3,11 @@
 A model with ResNet-50-sized gradients (an MLP whose layers hold `--scale` x
 25.6 M parameters; 0.25 by default) trains with SGD at a fixed batch per
 worker on 1, 2, 4 ... workers, each worker with cores/W intra-op threads.
-Prints examples/s and the efficiency `examples/s(W) / (W x examples/s(1))`
-against our own 1-worker figure, ours and MWMS from the same run.
+Each round is one job per W in which MWMS starts each worker's server, the
+replicator joins it, and the two train models of their own with their calls
+(five steps each) alternating: both share the job's luck. Prints examples/s
+(worker 0's median call) and the efficiency `examples/s(W) / (W x
+examples/s(1))` against our own 1-worker figure.
 
   python -m benchmarks.scaling [--workers 1,2] [--rounds 2] [--json out.json]
 """
@@ -23,12 +26,18 @@ def _layers(scale):
   return [1024, width, width, width, width, 10]
 
 
-def worker(variant: str, scale: float, batch: int, iters: int, threads: int,
-           pack_mb: float):
+def worker(variants, scale: float, batch: int, iters: int, threads: int, pack_mb: float):
+  """One worker of the job (TF_CONFIG set by the launcher): ours and MWMS.
+
+  MWMS starts the worker's server and the replicator joins it; each trains a
+  model of its own, five steps a call, the calls alternating, so both share
+  the job's luck.
+  """
   num_workers = common.start_worker(threads)
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
+  import replicator  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   x = rng.randn(batch * 4, 1024).astype(np.float32)
   y = rng.randint(0, 10, batch * 4).astype(np.int32)
@@ -47,64 +56,69 @@ def worker(variant: str, scale: float, batch: int, iters: int, threads: int,
   def loss_fn(weights, xb, yb):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, forward(weights, xb)))
 
-  # The replicator or strategy first: it must start the worker's server
-  # before TensorFlow runs anything.
-  make_ds = lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
-      batch, drop_remainder=True)
-  if variant == "ours":
-    import replicator  # pylint: disable=g-import-not-at-top
-    repl = replicator.MultiGpuReplicator(
-        devices=["CPU:0"],
-        all_reduce=replicator.AllReduceOptions(pack_bytes=int(pack_mb * 2**20)))
-    ds = make_ds()
-    with repl.context():
-      weights = model_vars()
-      optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01))
-
-    def step_fn(b):
-      with tf.GradientTape() as tape:
-        loss = loss_fn(weights, *b)
-      optimizer.apply(tape.gradient(loss, weights), weights)
-      return loss
-    input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input and step
-    call = lambda: repl.run(step_fn, input_fn, steps=5)[0]
-  else:
+  # Before TensorFlow runs anything: MWMS starts the server, ours joins it.
+  if "MWMS" in variants:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=int(pack_mb * 2**20),
             implementation=tf.distribute.experimental.CommunicationImplementation.RING))
-    ds = make_ds()
-    with strategy.scope():
-      weights = model_vars()
-      optimizer = keras.optimizers.SGD(0.01)
-      optimizer.build(weights)
-    iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
+  repl = replicator.MultiGpuReplicator(
+      devices=["CPU:0"],
+      all_reduce=replicator.AllReduceOptions(pack_bytes=int(pack_mb * 2**20)))
+  make_ds = lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+      batch, drop_remainder=True)
 
-    def replica_fn(b):
-      with tf.GradientTape() as tape:
-        loss = loss_fn(weights, *b) / num_workers  # Keras sums over replicas
-      optimizer.apply(tape.gradient(loss, weights), weights)
-      return loss
+  ds = make_ds()
+  with repl.context():
+    weights = model_vars()
+    optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01))
 
-    @tf.function
-    def five_steps(it):
-      loss = tf.constant(0.0)
-      for _ in tf.range(5):
-        loss = strategy.reduce("SUM", strategy.run(replica_fn, (next(it),)), None)
-      return loss
-    call = lambda: five_steps(iterator)
-  seconds = common.seconds_per_call(call, iters, warmup=2) / 5  # 5 steps a call
-  print("RESULT " + json.dumps({"variant": variant,
-                                "examples_per_s": num_workers * batch / seconds}), flush=True)
-  if variant == "ours":
-    repl.shutdown()
+  def step_fn(b):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(weights, *b)
+    optimizer.apply(tape.gradient(loss, weights), weights)
+    return loss
+  input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input and step
+
+  calls = {"ours": lambda: repl.run(step_fn, input_fn, steps=5)[0]}
+  if "MWMS" not in variants:
+    return _report(calls, iters, num_workers * batch * 5, repl)
+  mwms_ds = make_ds()
+  with strategy.scope():
+    mwms_weights = model_vars()
+    mwms_optimizer = keras.optimizers.SGD(0.01)
+    mwms_optimizer.build(mwms_weights)
+  iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: mwms_ds))
+
+  def replica_fn(b):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(mwms_weights, *b) / num_workers  # Keras sums over replicas
+    mwms_optimizer.apply(tape.gradient(loss, mwms_weights), mwms_weights)
+    return loss
+
+  @tf.function
+  def five_steps(it):
+    loss = tf.constant(0.0)
+    for _ in tf.range(5):
+      loss = strategy.reduce("SUM", strategy.run(replica_fn, (next(it),)), None)
+    return loss
+
+  calls["MWMS"] = lambda: five_steps(iterator)
+  return _report(calls, iters, num_workers * batch * 5, repl)
+
+
+def _report(calls, iters, examples_per_call, repl):
+  seconds = common.median_seconds_alternating(calls, iters, warmup=2)
+  print("RESULT " + json.dumps({name: examples_per_call / s
+                                for name, s in seconds.items()}), flush=True)
+  repl.shutdown()
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--workers", default="1,2")
   parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--iters", type=int, default=4)
+  parser.add_argument("--iters", type=int, default=10)
   parser.add_argument("--batch", type=int, default=64, help="examples per worker")
   parser.add_argument("--scale", type=float, default=0.25)
   parser.add_argument("--pack_mb", type=float, default=32,
@@ -114,23 +128,23 @@ def main():
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.worker, args.scale, args.batch, args.iters, args.threads, args.pack_mb)
+    worker(args.worker.split(";"), args.scale, args.batch, args.iters, args.threads, args.pack_mb)
     return
   counts = [int(w) for w in args.workers.split(",")]
   best, rounds = {}, []
   for _ in range(args.rounds):
     rounds.append({})
     for workers in counts:
+      result = common.run_job(
+          "benchmarks.scaling", ["--worker", ";".join(VARIANTS), "--scale", str(args.scale),
+                                 "--batch", str(args.batch), "--iters", str(args.iters),
+                                 "--pack_mb", str(args.pack_mb)],
+          workers)
       for variant in VARIANTS:
-        result = common.run_job(
-            "benchmarks.scaling", ["--worker", variant, "--scale", str(args.scale),
-                                   "--batch", str(args.batch), "--iters", str(args.iters),
-                                   "--pack_mb", str(args.pack_mb)],
-            workers)
         key = f"{variant}, {workers} workers"
-        best[key] = max(best.get(key, 0.0), result["examples_per_s"])
-        rounds[-1][key] = result["examples_per_s"]
-        print(f"{key}: {result['examples_per_s']:.0f} examples/s", flush=True)
+        best[key] = max(best.get(key, 0.0), result[variant])
+        rounds[-1][key] = result[variant]
+        print(f"{key}: {result[variant]:.0f} examples/s", flush=True)
   single = best[f"ours, {counts[0]} workers"] / counts[0]
   efficiency = {key: value / (int(key.split(", ")[1].split()[0]) * single)
                 for key, value in best.items()}
