@@ -194,6 +194,7 @@ class Replicator:
           num_replicas=self.num_replicas, factory=self._factory,
           jit_compile=self._jit_compile, workers=self._workers,
           on_variables_created=self._sync_new_variables,
+          new_variables=self._new_variables, never_sync=self._never_sync,
           uneven_batches=self._inputs.allows_uneven_batches(input_fn))
       self._steps[(step_fn, input_fn)] = compiled
       input_streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
@@ -247,6 +248,15 @@ class Replicator:
     """Raises `WorkerLost` for `error` if a worker is gone (else returns)."""
     if self._peers is not None:
       self._peers.raise_if_lost(error, self._steps_completed)
+
+  def _new_variables(self) -> list:
+    """The variables made since the chief's values were last sent (several workers)."""
+    return self._peers.unsynced(self._factory.created) if self._peers else []
+
+  def _never_sync(self):
+    """Leaves the variables made since the last sync as each worker made them."""
+    if self._peers is not None:
+      self._peers.never_sync(self._factory.created)
 
   def _sync_new_variables(self):
     """Gives every worker the chief's initial values of new variables."""

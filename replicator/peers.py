@@ -84,13 +84,21 @@ class Peers:
                              self._mesh.worker_addresses[worker],
                              type(error).__name__) from error
 
+  def unsynced(self, created) -> list:
+    """The variables of `created` made since the last sync."""
+    return created[self._synced_variables:]
+
+  def never_sync(self, created):
+    """Leaves the unsynced variables of `created` as each worker made them."""
+    self._synced_variables = len(created)
+
   def sync_new_variables(self, created, steps_completed: int):
     """Gives every worker the chief's initial values of new variables.
 
     `created`: every replicated variable in creation order; those after the
     previous call's are new. `steps_completed`: as for `merge`.
     """
-    new = created[self._synced_variables:]
+    new = self.unsynced(created)
     self._synced_variables = len(created)
     if not new:
       return

@@ -104,10 +104,22 @@ def data_dependent_initializer(error, step_fn) -> ValueError:
 
 
 class ProgramsDiffer(ValueError):
-  """Workers traced different collectives for one step: it must not run."""
+  """Workers traced different collectives for one step: it must not run.
+
+  `variables_differ`: the workers made different variables in it.
+  """
+
+  def __init__(self, message: str, variables_differ: bool = False):
+    super().__init__(message)
+    self.variables_differ = variables_differ
 
 
-def check_same_program(step_fn, workers, device: str, issued_before: int):
+def _digest(lines) -> int:
+  return int.from_bytes(hashlib.sha256("\n".join(lines).encode()).digest()[:7], "big")
+
+
+def check_same_program(step_fn, workers, device: str, issued_before: int,
+                       new_variables=()):
   """On several workers: raises unless every worker traced the same collectives.
 
   Workers whose step_fn took other Python branches (an extra collective on
@@ -117,18 +129,31 @@ def check_same_program(step_fn, workers, device: str, issued_before: int):
   (their number and a digest of their kinds, dtypes and ranks; then their
   static dims, where a dim unknown on a worker matches any), they raise
   `ProgramsDiffer`, with their keys aligned again for the steps that follow.
+  So do the `new_variables` the first run made: their number and a digest of
+  their dtypes and shapes.
   """
   signatures = workers.signatures(issued_before)
-  kinds = "\n".join(f"{kind} {dtype} {None if dims is None else len(dims)}"
-                     for kind, dtype, dims in filter(None, signatures))
-  digest = int.from_bytes(hashlib.sha256(kinds.encode()).digest()[:7], "big")
+  digest = _digest(f"{kind} {dtype} {None if dims is None else len(dims)}"
+                   for kind, dtype, dims in filter(None, signatures))
+  made = [f"{v.dtype.name}{v.shape}" for v in new_variables]
   min_and_max = lambda values: between_workers.checked_min_and_max(values, workers, device)
-  (fewest, low_digest, _), (most, high_digest, most_slots) = min_and_max(
-      [len(signatures), digest, workers.shape_slots])
+  low, high = min_and_max([len(signatures), digest, workers.shape_slots,
+                           len(made), _digest(made)])
+  (fewest, low_digest, _, fewest_made, low_made) = low
+  (most, high_digest, most_slots, most_made, high_made) = high
   # Where this raises, the counters move on to the furthest worker's.
   workers.shape_slots = most_slots
   if fewest != most:
     workers.issued = issued_before + most
+  if (fewest_made, low_made) != (most_made, high_made):
+    raise ProgramsDiffer(
+        f"step_fn: {context.name_of(step_fn)} made {len(made)} variable(s) in "
+        f"its first run on worker {workers.worker_index} "
+        f"({', '.join(made[:8])}{', ...' if len(made) > 8 else ''}) and other "
+        f"variables on other workers ({fewest_made} to {most_made}), so the "
+        "chief's initial values cannot be given to every worker; each keeps its "
+        f"own, and the step does not run. {_SAME_PROGRAM}", variables_differ=True)
+  if fewest != most:
     raise ProgramsDiffer(
         f"step_fn: {context.name_of(step_fn)} traced "
         f"{len(signatures)} cross-worker collective(s) on worker "

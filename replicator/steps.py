@@ -81,6 +81,8 @@ class CompiledStep:
                first_replica_id: int, num_replicas: int,
                factory: variable_creation.VariableFactory, jit_compile: bool,
                workers=None, on_variables_created: Callable[[], None] = None,
+               new_variables: Callable[[], list] = list,
+               never_sync: Callable[[], None] = None,
                uneven_batches: bool = False):
     self._step_fn = step_fn
     self._element_spec = element_spec
@@ -92,6 +94,8 @@ class CompiledStep:
     self._factory = factory
     self._workers = workers
     self._on_variables_created = on_variables_created or (lambda: None)
+    self._new_variables = new_variables
+    self._never_sync = never_sync or (lambda: None)
     self._python_numbers = step_args.PythonNumbers(step_fn)
     self._fetcher = step_fetch.BatchFetcher(self._devices, num_replicas, workers,
                                             uneven_batches)
@@ -123,12 +127,18 @@ class CompiledStep:
     self._current = self._traced[signature]
     if new and self._workers is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
-      step_errors.check_same_program(self._step_fn, self._workers, self._devices[0],
-                                     issued)
-      # Only now (one worker has nothing to send): the chief's initial values
-      # travel in collectives whose keys follow the step's, which workers that
-      # traced other programs do not share until the check has realigned them
-      # (else both wait forever; if the check raises, the next run sends them).
+      # Only after the check (one worker has nothing to send): the chief's
+      # initial values travel in collectives whose keys follow the step's,
+      # which workers that traced other programs do not share until the check
+      # has realigned them (else both wait forever). Variables that differ
+      # between workers are never sent: there would be a collective too many
+      # or of another shape.
+      try:
+        step_errors.check_same_program(self._step_fn, self._workers, self._devices[0],
+                                       issued, self._new_variables())
+      except step_errors.ProgramsDiffer as error:
+        (self._never_sync if error.variables_differ else self._on_variables_created)()
+        raise
       self._on_variables_created()
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances

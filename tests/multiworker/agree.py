@@ -94,6 +94,24 @@ def main():
   print(f"LAZY_THEN {linear.w.numpy().ravel().tolist()} {out.numpy()[0].tolist()}",
         flush=True)
 
+  made = []
+
+  def chief_variable_fn():  # the chief alone makes a variable; the same collectives
+    if worker == 0 and not made:
+      made.append(tf.Variable(tf.fill([2], 5.0)))
+    return repl.all_sum(v.read_value())
+
+  try:  # the chief would send 1 initial value and the other worker none (a hang)
+    repl.run(chief_variable_fn)
+    print("EXTRA ran", flush=True)
+  except ValueError as error:
+    print(f"EXTRA {error}", flush=True)
+
+  def sum_fn():
+    return repl.all_sum(v.read_value())
+
+  print(f"EXTRA_THEN {repl.run(sum_fn).numpy()[0].tolist()}", flush=True)
+
   def shapes_fn():  # as many collectives, of another shape on the chief
     return repl.all_sum(v.read_value()[:2] if worker == 0 else v.read_value())
 
