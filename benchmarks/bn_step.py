@@ -15,10 +15,11 @@ gradients:
 
 Both have 23,528,522 trainable parameters (checked), the same layers,
 padding and initializer families, but not the same initial values, so the
-losses printed differ; they are there to show both sides train. Each variant
-runs in its own set of worker processes on 127.0.0.1 (`replicator.launch`), the
-variants alternating within each round (ours first in odd rounds, MWMS first in
-even ones); one step per call on both sides.
+losses printed differ; they are there to show both sides train. Each round is
+one job of worker processes on 127.0.0.1 (`replicator.launch`) in which MWMS
+starts each worker's server, the replicator joins it, the two first calls are
+timed (ours first in odd rounds, MWMS first in even ones), then their calls
+alternate; one step per call on both sides.
 
   python -m benchmarks.bn_step [--workers 2] [--rounds 3] [--iters 15] [--batch 4]
       [--json out.json]
@@ -81,79 +82,85 @@ def keras_resnet50(keras, num_classes: int):
   return keras.Model(images, logits)
 
 
-def worker(variant: str, batch: int, iters: int, threads: int):
-  """One worker of the job (TF_CONFIG set by the launcher)."""
+def worker(ours_first: bool, batch: int, iters: int, threads: int):
+  """One worker of the job (TF_CONFIG set by the launcher): ours and MWMS.
+
+  MWMS starts the worker's server and the replicator joins it; the two
+  models' first calls are timed one after the other (`ours_first` says which
+  goes first), then their calls alternate.
+  """
   num_workers = common.start_worker(threads)
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
+  import replicator  # pylint: disable=g-import-not-at-top
+  from examples.resnet import models  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   images = rng.rand(batch * 4, _IMAGE, _IMAGE, 3).astype(np.float32)
   labels = rng.randint(0, _CLASSES, batch * 4).astype(np.int32)
   make_ds = lambda: tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(
       batch, drop_remainder=True)
   count = lambda variables: sum(int(np.prod(v.shape)) for v in variables)
-  # The replicator or strategy first: it must start the worker's server
-  # before TensorFlow runs anything.
-  if variant == "ours":
-    import replicator  # pylint: disable=g-import-not-at-top
-    from examples.resnet import models  # pylint: disable=g-import-not-at-top
-    repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
-    ds = make_ds()
-    with repl.context():
-      model = models.ResNet50(
-          num_classes=_CLASSES, norm_factory=models.batch_norm_factory(cross_replica=True))
-      optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+  # Before TensorFlow runs anything: MWMS starts the server, ours joins it.
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+  repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
 
-    def step_fn(b):
-      x, y = b
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            y, model(x, is_training=True)))
-      optimizer.apply(tape.gradient(loss, model.trainable_variables),
-                      model.trainable_variables)
-      return loss
-    input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input
-    call = lambda: repl.run(step_fn, input_fn)[0]
-    parameters = lambda: count(model.trainable_variables)  # built in the first call
-  else:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
-    ds = make_ds()
-    with strategy.scope():
-      model = keras_resnet50(keras, _CLASSES)
-      optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
-      optimizer.build(model.trainable_variables)
-    iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
+  ds = make_ds()
+  with repl.context():
+    model = models.ResNet50(
+        num_classes=_CLASSES, norm_factory=models.batch_norm_factory(cross_replica=True))
+    optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01, momentum=0.9))
 
-    def replica_fn(b):
-      x, y = b
-      with tf.GradientTape() as tape:
-        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            y, model(x, training=True))
-        # Over the global batch: Keras sums the gradients over replicas.
-        loss = tf.nn.compute_average_loss(per_example,
-                                          global_batch_size=batch * num_workers)
-      grads = tape.gradient(loss, model.trainable_variables)
-      optimizer.apply_gradients(zip(grads, model.trainable_variables))
-      return tf.reduce_mean(per_example)
+  def step_fn(b):
+    x, y = b
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          y, model(x, is_training=True)))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                    model.trainable_variables)
+    return loss
+  input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input
 
-    @tf.function
-    def step(it):
-      return strategy.experimental_local_results(strategy.run(replica_fn, (next(it),)))[0]
-    call = lambda: step(iterator)
-    parameters = lambda: count(model.trainable_variables)
-  start = time.perf_counter()
-  call().numpy()
-  first_call_s = time.perf_counter() - start
-  # One more untimed call: the first one does the tracing (and, ours, the building).
-  ms = 1e3 * common.median_seconds_per_call(call, iters, warmup=1)
-  print("RESULT " + json.dumps({"variant": variant, "ms_per_step": ms,
-                                "first_call_s": first_call_s, "loss": float(call()),
-                                "parameters": parameters()}), flush=True)
-  if variant == "ours":
-    repl.shutdown()
+  mwms_ds = make_ds()
+  with strategy.scope():
+    keras_model = keras_resnet50(keras, _CLASSES)
+    keras_optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+    keras_optimizer.build(keras_model.trainable_variables)
+  iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: mwms_ds))
+
+  def replica_fn(b):
+    x, y = b
+    with tf.GradientTape() as tape:
+      per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+          y, keras_model(x, training=True))
+      # Over the global batch: Keras sums the gradients over replicas.
+      loss = tf.nn.compute_average_loss(per_example,
+                                        global_batch_size=batch * num_workers)
+    grads = tape.gradient(loss, keras_model.trainable_variables)
+    keras_optimizer.apply_gradients(zip(grads, keras_model.trainable_variables))
+    return tf.reduce_mean(per_example)
+
+  @tf.function
+  def step(it):
+    return strategy.experimental_local_results(strategy.run(replica_fn, (next(it),)))[0]
+
+  calls = {"ours": lambda: repl.run(step_fn, input_fn)[0], "MWMS": lambda: step(iterator)}
+  first_call_s = {}
+  for name in (VARIANTS if ours_first else VARIANTS[::-1]):
+    start = time.perf_counter()
+    calls[name]().numpy()
+    first_call_s[name] = time.perf_counter() - start
+  # One more untimed call each: the first one does the tracing (and, ours, the building).
+  seconds = common.median_seconds_alternating(calls, iters, warmup=1)
+  parameters = {"ours": count(model.trainable_variables),  # built in the first call
+                "MWMS": count(keras_model.trainable_variables)}
+  print("RESULT " + json.dumps(
+      {name: {"ms_per_step": 1e3 * seconds[name], "first_call_s": first_call_s[name],
+              "loss": float(call()), "parameters": parameters[name]}
+       for name, call in calls.items()}), flush=True)
+  repl.shutdown()
 
 
 def main():
@@ -167,18 +174,21 @@ def main():
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.worker, args.batch, args.iters, args.threads)
+    worker(args.worker == "ours first", args.batch, args.iters, args.threads)
     return
   counts = [int(w) for w in args.workers.split(",")]
   best, first, rounds, losses, parameters = {}, {}, [], {}, {}
   for round_index in range(args.rounds):
     rounds.append({})
     for workers in counts:
-      for variant in VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]:
-        result = common.run_job(
-            "benchmarks.bn_step",
-            ["--worker", variant, "--batch", str(args.batch), "--iters", str(args.iters)],
-            workers)
+      ours_first = round_index % 2 == 0
+      results = common.run_job(
+          "benchmarks.bn_step",
+          ["--worker", "ours first" if ours_first else "MWMS first",
+           "--batch", str(args.batch), "--iters", str(args.iters)],
+          workers)
+      for variant in VARIANTS:
+        result = results[variant]
         key = f"{variant}, {workers} workers"
         if result["parameters"] != PARAMETERS:
           raise AssertionError(f"{key}: {result['parameters']:,} trainable parameters, "

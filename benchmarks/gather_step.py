@@ -5,9 +5,11 @@ worker's embeddings (`all_gather`, differentiated: SimCLR-style losses need the
 whole global batch as negatives), scores its rows against all of them and
 takes an SGD step; the gradients are averaged across workers. Ours uses
 `repl.all_gather` and a wrapped Keras SGD; MWMS uses
-`ReplicaContext.all_gather` and Keras SGD under the strategy. Each variant runs
-in its own set of worker processes on 127.0.0.1 (`replicator.launch`), the
-variants alternating within each round; 5 steps per call on both sides.
+`ReplicaContext.all_gather` and Keras SGD under the strategy. Each round is
+one job of worker processes on 127.0.0.1 (`replicator.launch`) in which MWMS
+starts each worker's server, the replicator joins it, and the two train their
+own copies with their calls alternating (5 steps a call on both sides), so
+both share the job's luck.
 
   python -m benchmarks.gather_step [--workers 2,4] [--rounds 3] [--json out.json]
 
@@ -24,13 +26,17 @@ VARIANTS = ("ours", "MWMS")
 STEPS_PER_CALL = 5
 
 
-def worker(variant: str, batch: int, features: int, dim: int, iters: int,
-           threads: int):
-  """One worker of the job (TF_CONFIG set by the launcher)."""
+def worker(batch: int, features: int, dim: int, iters: int, threads: int):
+  """One worker of the job (TF_CONFIG set by the launcher): ours and MWMS.
+
+  MWMS starts the worker's server and the replicator joins it; each trains
+  its own copy of the layer, their calls alternating.
+  """
   num_workers = common.start_worker(threads)
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
+  import replicator  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   x = rng.randn(batch * 4, features).astype(np.float32)
   initial = (rng.randn(features, dim) / np.sqrt(features)).astype(np.float32)
@@ -44,56 +50,55 @@ def worker(variant: str, batch: int, features: int, dim: int, iters: int,
 
   make_ds = lambda: tf.data.Dataset.from_tensor_slices(x).repeat().batch(
       batch, drop_remainder=True)
-  # The replicator or strategy first: it must start the worker's server
-  # before TensorFlow runs anything.
-  if variant == "ours":
-    import replicator  # pylint: disable=g-import-not-at-top
-    repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
-    ds = make_ds()
-    with repl.context():
-      w = tf.Variable(initial)
-      optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.1))
+  # Before TensorFlow runs anything: MWMS starts the server, ours joins it.
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+  repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
 
-    def step_fn(xb):
-      with tf.GradientTape() as tape:
-        loss = loss_fn(w, xb, repl.replica_id, repl.all_gather)
-      optimizer.apply([tape.gradient(loss, w)], [w])
-      return loss
-    input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input
-    call = lambda: repl.run(step_fn, input_fn, steps=STEPS_PER_CALL)[0]
-  else:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
-    ds = make_ds()
-    with strategy.scope():
-      w = tf.Variable(initial)
-      optimizer = keras.optimizers.SGD(0.1)
-      optimizer.build([w])
-    iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: ds))
+  ds = make_ds()
+  with repl.context():
+    w = tf.Variable(initial)
+    optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.1))
 
-    def replica_fn(xb):
-      context = tf.distribute.get_replica_context()
-      with tf.GradientTape() as tape:
-        loss = loss_fn(w, xb, context.replica_id_in_sync_group,
-                       lambda z: context.all_gather(z, axis=0))
-        scaled = loss / num_workers  # Keras sums gradients over replicas
-      optimizer.apply([tape.gradient(scaled, w)], [w])
-      return loss
+  def step_fn(xb):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(w, xb, repl.replica_id, repl.all_gather)
+    optimizer.apply([tape.gradient(loss, w)], [w])
+    return loss
+  input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input
 
-    @tf.function
-    def steps(it):
-      loss = tf.constant(0.0)
-      for _ in tf.range(STEPS_PER_CALL):
-        loss = strategy.experimental_local_results(strategy.run(replica_fn, (next(it),)))[0]
-      return loss
-    call = lambda: steps(iterator)
-  ms = 1e3 * common.median_seconds_per_call(call, iters, warmup=3) / STEPS_PER_CALL
+  mwms_ds = make_ds()
+  with strategy.scope():
+    mwms_w = tf.Variable(initial)
+    mwms_optimizer = keras.optimizers.SGD(0.1)
+    mwms_optimizer.build([mwms_w])
+  iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: mwms_ds))
+
+  def replica_fn(xb):
+    context = tf.distribute.get_replica_context()
+    with tf.GradientTape() as tape:
+      loss = loss_fn(mwms_w, xb, context.replica_id_in_sync_group,
+                     lambda z: context.all_gather(z, axis=0))
+      scaled = loss / num_workers  # Keras sums gradients over replicas
+    mwms_optimizer.apply([tape.gradient(scaled, mwms_w)], [mwms_w])
+    return loss
+
+  @tf.function
+  def steps(it):
+    loss = tf.constant(0.0)
+    for _ in tf.range(STEPS_PER_CALL):
+      loss = strategy.experimental_local_results(strategy.run(replica_fn, (next(it),)))[0]
+    return loss
+
+  calls = {"ours": lambda: repl.run(step_fn, input_fn, steps=STEPS_PER_CALL)[0],
+           "MWMS": lambda: steps(iterator)}
+  seconds = common.median_seconds_alternating(calls, iters, warmup=3)
   # After as many steps on both sides, worker 0's loss: the same work done.
-  print("RESULT " + json.dumps({"variant": variant, "ms_per_step": ms,
-                                "loss": float(call())}), flush=True)
-  if variant == "ours":
-    repl.shutdown()
+  print("RESULT " + json.dumps(
+      {name: {"ms_per_step": 1e3 * seconds[name] / STEPS_PER_CALL,
+              "loss": float(call())} for name, call in calls.items()}), flush=True)
+  repl.shutdown()
 
 
 def main():
@@ -109,19 +114,20 @@ def main():
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.worker, args.batch, args.features, args.dim, args.iters, args.threads)
+    worker(args.batch, args.features, args.dim, args.iters, args.threads)
     return
   counts = [int(w) for w in args.workers.split(",")]
   best, rounds, losses = {}, [], {}
   for _ in range(args.rounds):
     rounds.append({})
     for workers in counts:
+      results = common.run_job(
+          "benchmarks.gather_step",
+          ["--worker", "both", "--batch", str(args.batch), "--features",
+           str(args.features), "--dim", str(args.dim), "--iters", str(args.iters)],
+          workers)
       for variant in VARIANTS:
-        result = common.run_job(
-            "benchmarks.gather_step",
-            ["--worker", variant, "--batch", str(args.batch), "--features",
-             str(args.features), "--dim", str(args.dim), "--iters", str(args.iters)],
-            workers)
+        result = results[variant]
         key = f"{variant}, {workers} workers"
         best[key] = min(best.get(key, float("inf")), result["ms_per_step"])
         rounds[-1][key] = result["ms_per_step"]
