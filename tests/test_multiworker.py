@@ -173,6 +173,13 @@ def test_replicators_beside_each_other_and_mwms_in_one_process(tmp_path, mwms_fi
                                    rtol=2.0**-7)
         assert got[f"ids{i}"][r] == 0 + 1 + 2 + 3
       np.testing.assert_allclose(got[f"mwms{i}"], mwms, rtol=1e-6)
+    # variables made in repl.context(): the chief's values on every copy
+    np.testing.assert_array_equal(got["made_big0"], np.full([2, 20000], 0.5))
+    np.testing.assert_array_equal(got["made_big1"], np.full([2, 30000], 1.5))
+    assert got["made_big0"].dtype == np.float64
+    np.testing.assert_array_equal(got["made_ints"], [[0, 1, 2]] * 2)
+    np.testing.assert_array_equal(got["made_flags"], [[True, False]] * 2)
+    np.testing.assert_array_equal(got["made_varying"], [worker.value(0, 4)] * 2)
 
 
 @pytest.mark.slow

@@ -55,6 +55,12 @@ def main():
       compression=replicator.Compression.BF16))
   if not args.mwms_first:
     mwms = make_mwms()
+  with plain.context():  # each worker its own values; the chief's are sent
+    made = {"big0": tf.Variable(np.full([20000], worker + 0.5)),  # float64, sliced
+            "big1": tf.Variable(np.full([30000], worker + 1.5)),
+            "ints": tf.Variable(np.arange(3, dtype=np.int32) + worker),
+            "flags": tf.Variable([worker == 0, worker == 1]),
+            "varying": tf.Variable(value(worker, 4), shape=tf.TensorShape([None]))}
 
   def plain_step():
     return plain.all_sum(tf.constant(value(0, 5)) * tf.cast(plain.replica_id + 1, tf.float32))
@@ -70,6 +76,8 @@ def main():
         t.numpy() for t in compressed.run(compressed_step))
     out[f"mwms{i}"] = mwms()
   out["replicas"] = np.array([plain.num_replicas, compressed.num_replicas])
+  for name, variable in made.items():
+    out[f"made_{name}"] = np.stack([copy.numpy() for copy in variable.replicas])
   np.savez(os.path.join(args.out, f"worker{worker}.npz"), **out)
   plain.shutdown()
   compressed.shutdown()
