@@ -63,10 +63,7 @@ def worker(variants, scale: float, iters: int, threads: int):
   import replicator  # pylint: disable=g-import-not-at-top
   grads = _gradients(scale)
   ring = tf.distribute.experimental.CommunicationImplementation.RING
-  strategy = tf.distribute.MultiWorkerMirroredStrategy(
-      communication_options=tf.distribute.experimental.CommunicationOptions(
-          implementation=ring))
-  repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+  strategy, repl = common.mwms_and_replicator()
   with strategy.scope():
     mwms_variables = [tf.Variable(g) for g in grads]
   with repl.context():

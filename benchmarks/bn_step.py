@@ -93,7 +93,6 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int):
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
-  import replicator  # pylint: disable=g-import-not-at-top
   from examples.resnet import models  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   images = rng.rand(batch * 4, _IMAGE, _IMAGE, 3).astype(np.float32)
@@ -102,10 +101,7 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int):
       batch, drop_remainder=True)
   count = lambda variables: sum(int(np.prod(v.shape)) for v in variables)
   # Before TensorFlow runs anything: MWMS starts the server, ours joins it.
-  strategy = tf.distribute.MultiWorkerMirroredStrategy(
-      communication_options=tf.distribute.experimental.CommunicationOptions(
-          implementation=tf.distribute.experimental.CommunicationImplementation.RING))
-  repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+  strategy, repl = common.mwms_and_replicator()
 
   ds = make_ds()
   with repl.context():

@@ -112,6 +112,25 @@ def start_worker(threads: int) -> int:
   return len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
 
 
+def mwms_and_replicator(pack_bytes=None):
+  """In a worker: MWMS (RING), which starts the worker's server, and a replicator.
+
+  The replicator joins MWMS's server, so both run side by side in the same
+  processes. Call before TensorFlow runs anything. Both use CPU:0;
+  `pack_bytes`, if given, sets both sides' bucket size.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import replicator  # pylint: disable=g-import-not-at-top
+  options = {"implementation": tf.distribute.experimental.CommunicationImplementation.RING}
+  if pack_bytes is not None:
+    options["bytes_per_pack"] = pack_bytes
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=tf.distribute.experimental.CommunicationOptions(**options))
+  all_reduce = (replicator.AllReduceOptions(pack_bytes=pack_bytes)
+                if pack_bytes is not None else None)
+  return strategy, replicator.MultiGpuReplicator(devices=["CPU:0"], all_reduce=all_reduce)
+
+
 def run_job(module: str, worker_args, workers: int) -> dict:
   """Runs `python -m module WORKER_ARGS --threads T` as `workers` local workers.
 

@@ -36,7 +36,6 @@ def worker(batch: int, features: int, dim: int, iters: int, threads: int):
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
-  import replicator  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   x = rng.randn(batch * 4, features).astype(np.float32)
   initial = (rng.randn(features, dim) / np.sqrt(features)).astype(np.float32)
@@ -51,10 +50,7 @@ def worker(batch: int, features: int, dim: int, iters: int, threads: int):
   make_ds = lambda: tf.data.Dataset.from_tensor_slices(x).repeat().batch(
       batch, drop_remainder=True)
   # Before TensorFlow runs anything: MWMS starts the server, ours joins it.
-  strategy = tf.distribute.MultiWorkerMirroredStrategy(
-      communication_options=tf.distribute.experimental.CommunicationOptions(
-          implementation=tf.distribute.experimental.CommunicationImplementation.RING))
-  repl = replicator.MultiGpuReplicator(devices=["CPU:0"])
+  strategy, repl = common.mwms_and_replicator()
 
   ds = make_ds()
   with repl.context():

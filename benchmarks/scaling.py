@@ -26,7 +26,7 @@ def _layers(scale):
   return [1024, width, width, width, width, 10]
 
 
-def worker(variants, scale: float, batch: int, iters: int, threads: int, pack_mb: float):
+def worker(scale: float, batch: int, iters: int, threads: int, pack_mb: float):
   """One worker of the job (TF_CONFIG set by the launcher): ours and MWMS.
 
   MWMS starts the worker's server and the replicator joins it; each trains a
@@ -37,7 +37,6 @@ def worker(variants, scale: float, batch: int, iters: int, threads: int, pack_mb
   import keras  # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
-  import replicator  # pylint: disable=g-import-not-at-top
   rng = np.random.RandomState(0)
   x = rng.randn(batch * 4, 1024).astype(np.float32)
   y = rng.randint(0, 10, batch * 4).astype(np.int32)
@@ -57,14 +56,7 @@ def worker(variants, scale: float, batch: int, iters: int, threads: int, pack_mb
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, forward(weights, xb)))
 
   # Before TensorFlow runs anything: MWMS starts the server, ours joins it.
-  if "MWMS" in variants:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            bytes_per_pack=int(pack_mb * 2**20),
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
-  repl = replicator.MultiGpuReplicator(
-      devices=["CPU:0"],
-      all_reduce=replicator.AllReduceOptions(pack_bytes=int(pack_mb * 2**20)))
+  strategy, repl = common.mwms_and_replicator(pack_bytes=int(pack_mb * 2**20))
   make_ds = lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
       batch, drop_remainder=True)
 
@@ -81,8 +73,6 @@ def worker(variants, scale: float, batch: int, iters: int, threads: int, pack_mb
   input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input and step
 
   calls = {"ours": lambda: repl.run(step_fn, input_fn, steps=5)[0]}
-  if "MWMS" not in variants:
-    return _report(calls, iters, num_workers * batch * 5, repl)
   mwms_ds = make_ds()
   with strategy.scope():
     mwms_weights = model_vars()
@@ -104,12 +94,8 @@ def worker(variants, scale: float, batch: int, iters: int, threads: int, pack_mb
     return loss
 
   calls["MWMS"] = lambda: five_steps(iterator)
-  return _report(calls, iters, num_workers * batch * 5, repl)
-
-
-def _report(calls, iters, examples_per_call, repl):
   seconds = common.median_seconds_alternating(calls, iters, warmup=2)
-  print("RESULT " + json.dumps({name: examples_per_call / s
+  print("RESULT " + json.dumps({name: num_workers * batch * 5 / s  # 5 steps a call
                                 for name, s in seconds.items()}), flush=True)
   repl.shutdown()
 
@@ -128,7 +114,7 @@ def main():
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.worker.split(";"), args.scale, args.batch, args.iters, args.threads, args.pack_mb)
+    worker(args.scale, args.batch, args.iters, args.threads, args.pack_mb)
     return
   counts = [int(w) for w in args.workers.split(",")]
   best, rounds = {}, []
@@ -136,7 +122,7 @@ def main():
     rounds.append({})
     for workers in counts:
       result = common.run_job(
-          "benchmarks.scaling", ["--worker", ";".join(VARIANTS), "--scale", str(args.scale),
+          "benchmarks.scaling", ["--worker", "both", "--scale", str(args.scale),
                                  "--batch", str(args.batch), "--iters", str(args.iters),
                                  "--pack_mb", str(args.pack_mb)],
           workers)
