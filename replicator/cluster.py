@@ -102,7 +102,8 @@ def _check_same_cluster(server_def, mesh: Mesh) -> None:
         "before anything else starts a server.")
 
 
-_group_keys = itertools.count(1 << 24)  # far from tf.distribute's (from 1)
+FIRST_GROUP_KEY = 1 << 24  # far from tf.distribute's (from 1)
+_group_keys = itertools.count(FIRST_GROUP_KEY)
 
 
 def next_group_key() -> int:

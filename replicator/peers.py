@@ -54,7 +54,23 @@ class Peers:
           "starts local ones), check that it did not fail before creating its "
           "replicator, or raise AllReduceOptions(timeout_s=...) for slow starts.")
     self._heartbeat = cluster.Heartbeat(self._mesh, self._timeout_s / 2)
-    self.merge([1], "Add", steps_completed=0)  # after it, every worker's runtime is ready
+    # After it, every worker's runtime is ready. Every server answers by now, so
+    # a peer that does not join this collective made other replicators before
+    # this one (each takes a collective group of its own, in order).
+    self._keys.timeout_s, no_timeout = join_timeout_s, self._keys.timeout_s
+    try:
+      self.merge([1], "Add", steps_completed=0)
+    except tf.errors.DeadlineExceededError as error:
+      raise TimeoutError(
+          f"cluster: worker {self._mesh.worker_index}'s MultiGpuReplicator (number "
+          f"{self._keys.group_key - cluster.FIRST_GROUP_KEY + 1} of this process's) "
+          f"waited {join_timeout_s:g} s for the other workers' and they "
+          "did not join, though every worker's server answers: the workers made "
+          "different numbers of replicators before this one, or made them in "
+          "another order. Make the same replicators on every worker, in the same "
+          "order (an evaluation replicator on the chief alone waits forever).") from error
+    finally:
+      self._keys.timeout_s = no_timeout
 
   def merge(self, values, merge_op: str, steps_completed: int) -> np.ndarray:
     """`values` (int64s) merged over the workers with `merge_op`, eagerly.

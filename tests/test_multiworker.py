@@ -283,6 +283,39 @@ def test_a_worker_that_never_joins_is_named_within_the_join_timeout():
           f"{addresses[1]}") in outs[1], outs[1]
 
 
+@pytest.mark.slow
+def test_a_replicator_made_on_the_chief_alone_is_named_within_the_join_timeout():
+  """Each replicator takes a collective group of its own, in order: a worker that
+  made one more before the common one waits for peers that never join it."""
+  import time  # pylint: disable=g-import-not-at-top
+  from replicator import launch  # pylint: disable=g-import-not-at-top
+  code = ("import json, os, time, replicator\n"
+          "worker = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+          "options = replicator.AllReduceOptions(timeout_s=0.5)\n"
+          "try:\n"
+          "  if worker == 0:\n"
+          "    evaluation = replicator.MultiGpuReplicator(all_reduce=options)\n"
+          "  training = replicator.MultiGpuReplicator(all_reduce=options)\n"
+          "  print('MADE', flush=True)\n"
+          "  time.sleep(60)\n"
+          "except TimeoutError as error:\n"
+          "  print(f'TimeoutError: {error}', flush=True)\n")
+  start = time.time()
+  procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+           for env in launch.worker_environments(2, devices_per_worker=1)]
+  try:
+    out = procs[0].communicate(timeout=60)[0]
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+  assert time.time() - start < 40, out
+  assert ("TimeoutError: cluster: worker 0's MultiGpuReplicator (number 2 of this "
+          "process's) waited 5 s for the other workers' and they did not join") in out, out
+  assert "MADE" not in out, out
+
+
 def _run_workers(script_args, timeout_s=120, workers=2, wait_for=(0,),
                  script="lose_worker.py"):
   """Starts workers directly (no launcher); returns [(code, output)] of `wait_for`."""
