@@ -40,24 +40,6 @@ def seconds_per_call(fn, calls: int, warmup: int = 1) -> float:
   return (time.perf_counter() - start) / calls
 
 
-def median_seconds_per_call(fn, calls: int, warmup: int = 1) -> float:
-  """Median seconds of `calls` calls of `fn`, each fetched to the host.
-
-  For calls long enough (milliseconds) that fetching each result costs
-  little: the median keeps one call that the shared machine stalled from
-  moving the figure, where a mean over the calls would not.
-  """
-  for _ in range(warmup):
-    getattr(fn(), "numpy", lambda: None)()
-  times = []
-  for _ in range(calls):
-    start = time.perf_counter()
-    out = fn()
-    getattr(out, "numpy", lambda: out)()
-    times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
-
-
 def median_seconds_alternating(calls: dict, iters: int, warmup: int) -> dict:
   """Median seconds of each of `calls` (name -> function), called in turn.
 

@@ -54,6 +54,11 @@ def _load(name):
     return json.load(f)
 
 
+def _median(values):
+  """The middle value (the upper one of an even count), as the verdicts take it."""
+  return sorted(values)[len(values) // 2]
+
+
 def _verdict(value, target, higher_is_better=True):
   met = value >= target if higher_is_better else value <= target
   return "met" if met else "**missed**"
@@ -114,7 +119,7 @@ def allreduce_section(r, command=COMMANDS["allreduce"]):
       if name not in r["ratios (best of rounds)"]:
         continue
       each = r["ratios (each round)"][name]
-      middle = sorted(each)[len(each) // 2]
+      middle = _median(each)
       row = [name, f"{middle:.2f}x", f"{min(each):.2f}x - {max(each):.2f}x",
              f"{r['ratios (best of rounds)'][name]:.2f}x"]
       if target is None:
@@ -146,7 +151,7 @@ def scaling_section(r, command=COMMANDS["scaling"]):
     if f"MWMS, {w} workers" not in eps:
       continue
     ratios = each[f"{w} workers"]
-    versus.append([f"{w} workers", f"{sorted(ratios)[len(ratios) // 2]:.2f}x",
+    versus.append([f"{w} workers", f"{_median(ratios):.2f}x",
                    f"{min(ratios):.2f}x - {max(ratios):.2f}x",
                    f"{eps[f'ours, {w} workers'] / eps[f'MWMS, {w} workers']:.2f}x"])
   return "\n\n".join([
@@ -200,7 +205,7 @@ def checkpoint_section(r):
 
 def _mwms_over_ours_table(r):
   each = r["MWMS / ours (each round)"]
-  return _table([[w, f"{sorted(each[w])[len(each[w]) // 2]:.2f}x",
+  return _table([[w, f"{_median(each[w]):.2f}x",
                   f"{min(each[w]):.2f}x - {max(each[w]):.2f}x", f"{value:.2f}x"]
                  for w, value in r["MWMS / ours (best of rounds)"].items()],
                 ["same W", "MWMS / ours, median of the rounds (each within one job)",

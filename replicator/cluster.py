@@ -86,7 +86,6 @@ def connect(mesh: Mesh) -> None:
   _connected = spec
 
 
-
 def _check_same_cluster(server_def, mesh: Mesh) -> None:
   """Raises unless the running server is this mesh's worker, in its cluster."""
   jobs = {job.name: [job.tasks[i] for i in sorted(job.tasks)]
@@ -115,6 +114,7 @@ def next_group_key() -> int:
   workers create their replicators in the same order, so the keys match.
   """
   return next(_group_keys)
+
 
 class CollectiveKeys:
   """Instance keys for cross-worker collectives.

@@ -36,7 +36,6 @@ def warn_if_new_each_call(step_fn, input_fn, compiled):
         context.name_of(step_fn))
 
 
-
 def warn_if_step_fn_new_each_call(step_fn, compiled):
   """A new `step_fn` object per call compiles the step again: say so, once.
 
@@ -67,6 +66,7 @@ def _unwrapped(fn):
   while isinstance(fn, functools.partial):
     fn = fn.func
   return fn
+
 
 class InputStreams:
   """The iterator of each `input_fn` a replicator runs, and its position.

@@ -180,10 +180,11 @@ class CompiledStep:
             yield
         elif creating:
           with variable_creation.no_creation(
-              "", functools.partial(self._created_on_another_replica, r)):
+              functools.partial(self._created_on_another_replica, r)):
             yield
         else:
-          with variable_creation.no_creation("after its first run"):
+          with variable_creation.no_creation(
+              variable_creation.created_where("after its first run")):
             yield
     return scope
 

@@ -294,22 +294,21 @@ def describe(kwargs) -> str:
   return "a variable" + (f" of shape {tf.TensorShape(shape)}" if shape is not None else "")
 
 
-@contextlib.contextmanager
-def no_creation(where: str, explain=None):
-  """Inside, creating a variable raises an error that says why.
+def created_where(where: str) -> Callable[[str], str]:
+  """`no_creation`'s message for a variable created `where` it may not be."""
+  return lambda what: (
+      f"step_fn created {what} {where}. Variables may be created on the first "
+      "run of a step, or inside repl.context(); create it there, or make "
+      "step_fn take the same path on every call.")
 
-  `explain`, if given, returns the whole message for a description of the
-  variable (else the message says it was created `where`).
-  """
+
+@contextlib.contextmanager
+def no_creation(explain: Callable[[str], str]):
+  """Inside, creating a variable raises `explain(what)`, `what` naming it."""
 
   def refuse(next_creator, **kwargs):
     del next_creator
-    what = describe(kwargs)
-    raise RuntimeError(explain(what) if explain else (
-        f"step_fn created {what} {where}. "
-        "Variables may be created on the first run of a step, or inside "
-        "repl.context(); create it there, or make step_fn take the same path "
-        "on every call."))
+    raise RuntimeError(explain(describe(kwargs)))
 
   with tf.variable_creator_scope(refuse):
     yield
