@@ -181,6 +181,17 @@ def main():
   counts = [int(w) for w in args.workers.split(",")]
   rounds = []  # one {"variant, W workers": ms} per round
   errors = {}
+
+  def summary():
+    best = {key: min(r[key] for r in rounds) for key in rounds[0]}
+    ratios, per_round = _ratios(best, rounds, counts, variants)
+    return {"machine": common.machine(),
+            "tensors": len(sizes), "floats": floats, "megabytes_fp32": 4 * floats / 1e6,
+            "ms_per_all_reduce (best of rounds)": best,
+            "ms_per_all_reduce (each round)": rounds,
+            "relative_error_of_checksum": errors,
+            "ratios (best of rounds)": ratios, "ratios (each round)": per_round}
+
   for _ in range(args.rounds):
     rounds.append({})
     for workers in counts:
@@ -190,15 +201,8 @@ def main():
         rounds[-1][key] = result["ms"][variant]
         errors[key] = result["relative_error"][variant]
         print(f"{key}: {rounds[-1][key]:.1f} ms", flush=True)
-  best = {key: min(r[key] for r in rounds) for key in rounds[0]}
-  ratios, per_round = _ratios(best, rounds, counts, variants)
-  result = {"machine": common.machine(),
-            "tensors": len(sizes), "floats": floats, "megabytes_fp32": 4 * floats / 1e6,
-            "ms_per_all_reduce (best of rounds)": best,
-            "ms_per_all_reduce (each round)": rounds,
-            "relative_error_of_checksum": errors,
-            "ratios (best of rounds)": ratios, "ratios (each round)": per_round}
-  common.write_result(result, args.json)
+    # Written after every round, in case the device machine's time runs out.
+    common.write_result(summary(), args.json, quiet=len(rounds) < args.rounds)
 
 
 if __name__ == "__main__":

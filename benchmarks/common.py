@@ -63,9 +63,10 @@ def median_seconds_alternating(calls: dict, iters: int, warmup: int) -> dict:
   return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def write_result(result: dict, json_path=None) -> None:
-  """Prints `result` as JSON, and writes it to `json_path` when one is given."""
-  print(json.dumps(result, indent=2))
+def write_result(result: dict, json_path=None, quiet: bool = False) -> None:
+  """Prints `result` as JSON (unless `quiet`), and writes it to `json_path` when given."""
+  if not quiet:
+    print(json.dumps(result, indent=2))
   if json_path:
     with open(json_path, "w") as f:
       json.dump(result, f, indent=2)

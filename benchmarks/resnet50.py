@@ -114,6 +114,13 @@ def main():
       seconds = time.perf_counter() - start
       rounds[-1][name] = args.calls * args.steps * args.batch / seconds
       print(f"{name}: {rounds[-1][name]:.1f} images/s (loss {loss:.3f})", flush=True)
+    if args.json:  # the rounds so far, in case the device's time runs out
+      common.write_result(_summary(names, rounds, args), args.json, quiet=True)
+  common.write_result(_summary(names, rounds, args), args.json)
+
+
+def _summary(names, rounds, args) -> dict:
+  """The JSON result: images/s and the ratios to Keras fp32, best of rounds and each."""
   best = {name: max(r[name] for r in rounds) for name in names}
   ratios, per_round = {}, {}
   if "Keras fp32" in best:
@@ -123,15 +130,15 @@ def main():
         ratios[key] = best[name] / best["Keras fp32"]
         per_round[key] = [r[name] / r["Keras fp32"] for r in rounds]
   devices = tf.config.list_physical_devices("GPU")
-  result = {"machine": common.machine(),
-            "device": (tf.config.experimental.get_device_details(devices[0]).get(
-                "device_name", "GPU") if devices else "CPU"),
-            "tensorflow": tf.__version__, "batch": args.batch,
-            "image_size": args.image_size, "steps_per_call": args.steps,
-            "images_per_second (best of rounds)": best,
-            "images_per_second (each round)": rounds,
-            "ratios (best of rounds)": ratios, "ratios (each round)": per_round}
-  common.write_result(result, args.json)
+  return {"machine": common.machine(),
+          "device": (tf.config.experimental.get_device_details(devices[0]).get(
+              "device_name", "GPU") if devices else "CPU"),
+          "tensorflow": tf.__version__, "batch": args.batch,
+          "image_size": args.image_size, "steps_per_call": args.steps,
+          "rounds": len(rounds),
+          "images_per_second (best of rounds)": best,
+          "images_per_second (each round)": rounds,
+          "ratios (best of rounds)": ratios, "ratios (each round)": per_round}
 
 
 if __name__ == "__main__":

@@ -131,19 +131,25 @@ def main():
         best[key] = max(best.get(key, 0.0), result[variant])
         rounds[-1][key] = result[variant]
         print(f"{key}: {result[variant]:.0f} examples/s", flush=True)
+    # Written after every round, in case the device machine's time runs out.
+    common.write_result(_summary(best, rounds, counts, args), args.json,
+                        quiet=len(rounds) < args.rounds)
+
+
+def _summary(best, rounds, counts, args) -> dict:
+  """The JSON result: examples/s, ours / MWMS and the efficiency against 1 worker."""
   single = best[f"ours, {counts[0]} workers"] / counts[0]
   efficiency = {key: value / (int(key.split(", ")[1].split()[0]) * single)
                 for key, value in best.items()}
-  result = {"machine": common.machine(),
-            "layers": _layers(args.scale), "batch_per_worker": args.batch,
-            "pack_mb": args.pack_mb,
-            "examples_per_s (best of rounds)": best,
-            "examples_per_s (each round)": rounds,
-            "ours / MWMS (each round)": {
-                f"{w} workers": [r[f"ours, {w} workers"] / r[f"MWMS, {w} workers"]
-                                 for r in rounds] for w in counts},
-            "efficiency vs ours on 1 worker": efficiency}
-  common.write_result(result, args.json)
+  return {"machine": common.machine(),
+          "layers": _layers(args.scale), "batch_per_worker": args.batch,
+          "pack_mb": args.pack_mb,
+          "examples_per_s (best of rounds)": best,
+          "examples_per_s (each round)": rounds,
+          "ours / MWMS (each round)": {
+              f"{w} workers": [r[f"ours, {w} workers"] / r[f"MWMS, {w} workers"]
+                               for r in rounds] for w in counts},
+          "efficiency vs ours on 1 worker": efficiency}
 
 
 if __name__ == "__main__":
