@@ -4,6 +4,7 @@ import io
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 
@@ -63,8 +64,25 @@ def median_seconds_alternating(calls: dict, iters: int, warmup: int) -> dict:
   return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
+def command_line() -> str:
+  """The command that runs this benchmark as it was run, less `--json PATH`."""
+  module = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+  args, skip = [], False
+  for arg in sys.argv[1:]:
+    if skip or arg == "--json":
+      skip = not skip
+      continue
+    if not arg.startswith("--json="):
+      args.append(shlex.quote(arg))
+  return " ".join([f"python -m benchmarks.{module}"] + args)
+
+
 def write_result(result: dict, json_path=None, quiet: bool = False) -> None:
-  """Prints `result` as JSON (unless `quiet`), and writes it to `json_path` when given."""
+  """Prints `result` as JSON (unless `quiet`), and writes it to `json_path` when given.
+
+  The result records the command that made it (`command_line`), unless it names one.
+  """
+  result.setdefault("command", command_line())
   if not quiet:
     print(json.dumps(result, indent=2))
   if json_path:

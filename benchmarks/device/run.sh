@@ -11,7 +11,7 @@ start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
 . /root/tfgpu.env
 export PYTHONUNBUFFERED=1
-timeout $(( budget * 50 / 100 )) python3 -m benchmarks.resnet50 --batch 128 --rounds 3 \
+timeout $(( budget * 55 / 100 )) python3 -m benchmarks.resnet50 --batch 128 --rounds 3 \
   --calls 2 --json "$OUT/resnet50.json"
 echo "resnet50: exit $? at $(( $(date +%s) - start )) s"
 if [ "$(left)" -gt 90 ]; then

@@ -39,7 +39,10 @@ def conv_grad(device):
     return tape.gradient(y, k).numpy(), (x[0, :, :, 0] @ x[1, :, :, 0]).numpy()
 g_gpu, m_gpu = conv_grad("/GPU:0")
 g_cpu, m_cpu = conv_grad("/CPU:0")
-np.testing.assert_allclose(g_gpu, g_cpu, rtol=2e-2, atol=1e-1)
-np.testing.assert_allclose(m_gpu, m_cpu, rtol=2e-2, atol=1e-2)
+# The GPU rounds convolutions and products to TF32 (10-bit mantissa): compare norms.
+for gpu, cpu in ((g_gpu, g_cpu), (m_gpu, m_cpu)):
+  error = np.linalg.norm(gpu - cpu) / np.linalg.norm(cpu)
+  if not error < 1e-2:
+    raise SystemExit(f"setup.sh: GPU result off by {error:.1e} of its norm")
 print("GPU conv gradient and matmul agree with the CPU", flush=True)
 PY
