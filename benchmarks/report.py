@@ -354,9 +354,11 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
       f"Machine: {machine or platform.node()}; written "
       f"{datetime.date.today().isoformat()} by `python -m benchmarks.report`. Every "
       "comparison ran ours and the `tf.distribute` (or plain) equivalent in the same "
-      "run, alternating, but where a table says otherwise (item 6's bf16 + XLA); "
-      "absolute times on this shared machine are noise, the ratios are the result. The "
-      "device machine's tables name it. Raw figures: `benchmarks/results/*.json`.")
+      "run, alternating"
+      + (", but where a table says otherwise (item 6's bf16 + XLA)"
+         if any("(separate run)" in section for section in sections) else "")
+      + "; absolute times on this shared machine are noise, the ratios are the result. "
+      "The device machine's tables name it. Raw figures: `benchmarks/results/*.json`.")
   with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
     f.write(header + "\n\n" + "\n\n".join(sections) + notes + "\n")
 
