@@ -67,6 +67,10 @@ class Replicator:
     self._jit_compile = jit_compile
     self._all_reduce = all_reduce
     self._factory = variable_creation.VariableFactory(self._placement)
+    # Several workers: what the chief's initial values still have to reach.
+    self._new_variables = (peers.NewVariables(self._peers, self._factory.created,
+                                              lambda: self._steps_completed)
+                           if self._peers is not None else None)
     self._inputs = input_streams.InputStreams(mesh)
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
@@ -184,7 +188,8 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
     iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
-    self._sync_new_variables()
+    if self._new_variables is not None:  # made in repl.context() since the last run
+      self._new_variables.send()
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       keras_compat.install()  # Keras may have been imported since the constructor
@@ -193,8 +198,7 @@ class Replicator:
           first_replica_id=self._mesh.local_replica_ids[0],
           num_replicas=self.num_replicas, factory=self._factory,
           jit_compile=self._jit_compile, workers=self._workers,
-          on_variables_created=self._sync_new_variables,
-          new_variables=self._new_variables, never_sync=self._never_sync,
+          new_variables=self._new_variables,
           uneven_batches=self._inputs.allows_uneven_batches(input_fn))
       self._steps[(step_fn, input_fn)] = compiled
       input_streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
@@ -248,20 +252,6 @@ class Replicator:
     """Raises `WorkerLost` for `error` if a worker is gone (else returns)."""
     if self._peers is not None:
       self._peers.raise_if_lost(error, self._steps_completed)
-
-  def _new_variables(self) -> list:
-    """The variables made since the chief's values were last sent (several workers)."""
-    return self._peers.unsynced(self._factory.created) if self._peers else []
-
-  def _never_sync(self):
-    """Leaves the variables made since the last sync as each worker made them."""
-    if self._peers is not None:
-      self._peers.never_sync(self._factory.created)
-
-  def _sync_new_variables(self):
-    """Gives every worker the chief's initial values of new variables."""
-    if self._peers is not None:
-      self._peers.sync_new_variables(self._factory.created, self._steps_completed)
 
   def _check_dataset(self, dataset, input_fn):
     """Hook for subclasses that need stricter datasets (TPU: static shapes)."""

@@ -34,7 +34,6 @@ class Peers:
     self._device = device
     self._timeout_s = timeout_s
     self._heartbeat = None
-    self._synced_variables = 0
 
   def join(self):
     """Returns once every worker has started, then watches them.
@@ -103,26 +102,13 @@ class Peers:
                              self._mesh.worker_addresses[worker],
                              type(error).__name__) from error
 
-  def unsynced(self, created) -> list:
-    """The variables of `created` made since the last sync."""
-    return created[self._synced_variables:]
+  def send_initial_values(self, variables, steps_completed: int):
+    """Gives every worker the chief's initial values of `variables`.
 
-  def never_sync(self, created):
-    """Leaves the unsynced variables of `created` as each worker made them."""
-    self._synced_variables = len(created)
-
-  def sync_new_variables(self, created, steps_completed: int):
-    """Gives every worker the chief's initial values of new variables.
-
-    `created`: every replicated variable in creation order; those after the
-    previous call's are new. `steps_completed`: as for `merge`.
+    `steps_completed`: as for `merge`.
     """
-    new = self.unsynced(created)
-    self._synced_variables = len(created)
-    if not new:
-      return
     try:
-      self._send_from_chief(new)
+      self._send_from_chief(variables)
     except tf.errors.OpError as error:
       self.raise_if_lost(error, steps_completed)
       raise
@@ -173,3 +159,36 @@ class Peers:
     """Stops watching the peers."""
     if self._heartbeat is not None:
       self._heartbeat.stop()
+
+
+class NewVariables:
+  """The variables a replicator made since the chief's values were last sent.
+
+  Args:
+    peers: the replicator's `Peers`.
+    created: the replicator's replicated variables in creation order (a list
+      that grows as it makes them).
+    steps_completed: returns the replicator's steps so far (what a
+      `WorkerLost` raised meanwhile reports).
+  """
+
+  def __init__(self, peers: Peers, created: list, steps_completed):
+    self._peers = peers
+    self._created = created
+    self._steps_completed = steps_completed
+    self._sent = 0  # how many of `created` were sent, or left unsent for good
+
+  def pending(self) -> list:
+    """The variables made since the last `send` or `keep_each_workers`."""
+    return self._created[self._sent:]
+
+  def send(self):
+    """Gives every worker the chief's initial values of the pending variables."""
+    new = self.pending()
+    self._sent = len(self._created)
+    if new:
+      self._peers.send_initial_values(new, self._steps_completed())
+
+  def keep_each_workers(self):
+    """Leaves the pending variables as each worker made them (they differ)."""
+    self._sent = len(self._created)

@@ -80,10 +80,7 @@ class CompiledStep:
   def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
                first_replica_id: int, num_replicas: int,
                factory: variable_creation.VariableFactory, jit_compile: bool,
-               workers=None, on_variables_created: Callable[[], None] = None,
-               new_variables: Callable[[], list] = list,
-               never_sync: Callable[[], None] = None,
-               uneven_batches: bool = False):
+               workers=None, new_variables=None, uneven_batches: bool = False):
     self._step_fn = step_fn
     self._element_spec = element_spec
     # what the traces see: dims that differ between workers are unknown
@@ -93,9 +90,7 @@ class CompiledStep:
     self._num_replicas = num_replicas
     self._factory = factory
     self._workers = workers
-    self._on_variables_created = on_variables_created or (lambda: None)
-    self._new_variables = new_variables
-    self._never_sync = never_sync or (lambda: None)
+    self._new_variables = new_variables  # `peers.NewVariables`, with `workers`
     self._python_numbers = step_args.PythonNumbers(step_fn)
     self._fetcher = step_fetch.BatchFetcher(self._devices, num_replicas, workers,
                                             uneven_batches)
@@ -135,11 +130,14 @@ class CompiledStep:
       # or of another shape.
       try:
         step_errors.check_same_program(self._step_fn, self._workers, self._devices[0],
-                                       issued, self._new_variables())
+                                       issued, self._new_variables.pending())
       except step_errors.ProgramsDiffer as error:
-        (self._never_sync if error.variables_differ else self._on_variables_created)()
+        if error.variables_differ:
+          self._new_variables.keep_each_workers()
+        else:
+          self._new_variables.send()
         raise
-      self._on_variables_created()
+      self._new_variables.send()
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
     # whatever `steps` each call asks for. So does every step on several
