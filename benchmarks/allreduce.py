@@ -21,6 +21,7 @@ round (each round's ratios compare calls of one job). Each worker gets cores/W i
 """
 
 import argparse
+import functools
 import json
 
 from benchmarks import common
@@ -28,6 +29,10 @@ from benchmarks import common
 VARIANTS = ("ours fp32 packed", "ours bf16", "ours bf16, float32 sum",
             "MWMS RING, bytes_per_pack=0", "MWMS RING, bytes_per_pack=32MB",
             "transfer alone: one fp32 tensor", "transfer alone: one bf16 tensor")
+# Not run by default: smaller buckets, and buckets side by side
+# (`AllReduceOptions.buckets_in_flight`), for a machine with cores to spare.
+MORE_VARIANTS = ("ours fp32, 8MB buckets", "ours fp32, 8MB buckets, 4 in flight",
+                 "ours bf16, 8MB buckets", "ours bf16, 8MB buckets, 4 in flight")
 
 
 def resnet50_sizes():
@@ -87,9 +92,10 @@ def worker(variants, scale: float, iters: int, threads: int):
     step = tf.function(lambda: strategy.run(replica_fn))
     return lambda: strategy.experimental_local_results(step())[0]
 
-  def ours_call(compression, sum_in_float32=False):
-    options = replicator.AllReduceOptions(compression=compression,
-                                          sum_in_float32=sum_in_float32)
+  def ours_call(compression, sum_in_float32=False, pack_mb=32, in_flight=1):
+    options = replicator.AllReduceOptions(
+        compression=compression, sum_in_float32=sum_in_float32,
+        pack_bytes=pack_mb * 2**20, buckets_in_flight=in_flight)
 
     def step_fn():
       reduced = repl.all_reduce([v.read_value() for v in variables], options=options)
@@ -110,6 +116,13 @@ def worker(variants, scale: float, iters: int, threads: int):
       "MWMS RING, bytes_per_pack=32MB": lambda: mwms_call(32 * 2**20),
       "transfer alone: one fp32 tensor": lambda: transfer_call(tf.float32),
       "transfer alone: one bf16 tensor": lambda: transfer_call(tf.bfloat16)}
+  for name in MORE_VARIANTS:  # "ours DTYPE, 8MB buckets[, K in flight]"
+    parts = name.split(", ")
+    compression = (replicator.Compression.BF16 if parts[0].endswith("bf16")
+                   else replicator.Compression.NONE)
+    in_flight = int(parts[2].split()[0]) if len(parts) > 2 else 1
+    makers[name] = functools.partial(ours_call, compression, pack_mb=int(parts[1][:-10]),
+                                     in_flight=in_flight)
   calls = {name: makers[name]() for name in variants}
   # Untimed: the traces, the first rendezvous, and calls that still set up
   # connections and buffers (in some jobs the first 3 to 5 ran 1.5x to 4x
@@ -164,7 +177,7 @@ def main():
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--scale", type=float, default=0.25)
   parser.add_argument("--variants", default=";".join(VARIANTS),
-                      help="';'-separated names from VARIANTS")
+                      help="';'-separated names from VARIANTS and MORE_VARIANTS")
   parser.add_argument("--json", default=None)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -175,9 +188,10 @@ def main():
   sizes = resnet50_sizes()
   floats = sum(max(1, int(n * args.scale)) for n in sizes)
   variants = args.variants.split(";")
-  unknown = [v for v in variants if v not in VARIANTS]
+  unknown = [v for v in variants if v not in VARIANTS + MORE_VARIANTS]
   if unknown:
-    raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    raise SystemExit(f"--variants: unknown {unknown}; choose from "
+                     f"{list(VARIANTS + MORE_VARIANTS)}")
   counts = [int(w) for w in args.workers.split(",")]
   rounds = []  # one {"variant, W workers": ms} per round
   errors = {}

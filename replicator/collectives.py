@@ -10,6 +10,7 @@ rendezvous, no transport of our own.
 from typing import List, Sequence
 
 import tensorflow as tf
+from tensorflow.python.ops import gen_resource_variable_ops as resource_variable_ops
 from tensorflow.python.ops import nccl_ops
 
 from replicator import between_workers
@@ -38,7 +39,7 @@ def _on_gpus(devices: Sequence[str]) -> bool:
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
-         devices: Sequence[str], workers=None) -> List[tf.Tensor]:
+         devices: Sequence[str], workers=None, ordering_token=None) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
   Returns the sum on each local replica's device, in the parts' dtype (float32
@@ -52,7 +53,8 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
     return nccl_ops.all_sum(_on_devices(tf.identity, parts, devices))
   with tf.device(devices[0]):
     total = parts[0] if len(parts) == 1 else tf.add_n(parts)
-    total = between_workers.across_workers(total, "Add", workers)
+    total = between_workers.across_workers(total, "Add", workers,
+                                           ordering_token=ordering_token)
   return spread(total, devices)
 
 
@@ -72,6 +74,21 @@ def _sum_wide(parts, device, workers) -> tf.Tensor:
                        tf.shape(mine))  # a single tensor is not packed flat
     total.set_shape(mine.shape)
     return total
+
+
+def _lanes(count: int, num_buckets: int, device: str, workers) -> list:
+  """The ordering token of each of `count` lanes, or None where there is one lane.
+
+  A collective waits for the previous one of its lane only
+  (`AllReduceOptions.buckets_in_flight`). A token is a resource handle that
+  nothing reads: the handle of a variable that never exists.
+  """
+  if count == 1 or num_buckets == 1 or workers is None or workers.num_workers == 1:
+    return [None]
+  with tf.device(device):
+    return [resource_variable_ops.var_handle_op(
+        dtype=tf.float32, shape=[], shared_name=f"replicator_bucket_lane_{lane}")
+            for lane in range(min(count, num_buckets))]
 
 
 def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
@@ -113,7 +130,8 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
     packable = all(t.shape.is_fully_defined() for t in first)
     groups = (packing.buckets(first, options.pack_bytes) if packable
               else [[i] for i in range(len(first))])
-    for group in groups:
+    lanes = _lanes(options.buckets_in_flight, len(groups), devices[0], workers)
+    for number, group in enumerate(groups):
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None
       narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
@@ -131,7 +149,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
           if divide_first:
             packed = packed / tf.cast(num_replicas, wire)
           flat.append(packed)
-      totals = _sum(flat, options, devices, workers)
+      totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)])
       divide_after = op is ReduceOp.MEAN and not divide_first
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):

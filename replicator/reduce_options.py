@@ -52,6 +52,14 @@ class AllReduceOptions:
       an accuracy option, not a speed one (TensorFlow's gather over gRPC
       was 1.4x-2.6x slower than a float32 all-reduce at 2-4 workers on a
       2-core machine, benchmarks/RESULTS.md).
+    buckets_in_flight: multi-worker: how many buckets' collectives may cross
+      at once. With 1 (the default) they run one after another, in the order
+      the buckets fill (last layer first); packing the next bucket and
+      unpacking the last still overlap the one on the wire. With k > 1, bucket
+      i waits only for bucket i - k, so several rings run side by side, with
+      smaller buckets (`pack_bytes`) than one that holds every gradient: this
+      pays where each worker has cores to spare for TensorFlow's gRPC
+      transfers (benchmarks/NOTES.md). Only between workers.
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers). The constructor waits at
@@ -61,12 +69,18 @@ class AllReduceOptions:
   compression: Compression = Compression.NONE
   timeout_s: float = 60.0
   sum_in_float32: bool = False
+  buckets_in_flight: int = 1
 
   def __post_init__(self):
     if (not isinstance(self.pack_bytes, int) or isinstance(self.pack_bytes, bool)
         or self.pack_bytes <= 0):
       raise ValueError(
           f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
+    if (not isinstance(self.buckets_in_flight, int)
+        or isinstance(self.buckets_in_flight, bool) or self.buckets_in_flight < 1):
+      raise ValueError(
+          f"buckets_in_flight: expected a positive int, got "
+          f"{self.buckets_in_flight!r}; 1 sends buckets one after another.")
     if not isinstance(self.compression, Compression):
       raise TypeError(
           f"compression: expected a replicator.Compression, got "

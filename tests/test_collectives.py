@@ -210,6 +210,51 @@ def test_buckets_cross_workers_last_layer_first():
   assert [layers_feeding(op) for op in reductions] == [{3, 4}, {2}, {1}, {0}]
 
 
+@pytest.mark.parametrize("in_flight", [1, 2, 3])
+def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
+  """With k buckets in flight, bucket i's collective waits for bucket i - k
+  only (same ordering token); with 1 every collective waits for the previous
+  one, as tf.function orders collectives without tokens."""
+  workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
+
+  @tf.function
+  def fn():
+    values = [[tf.constant(np.ones(10, np.float32)) for _ in range(5)]]
+    return collectives.all_reduce(
+        values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
+        replicator.AllReduceOptions(pack_bytes=40, buckets_in_flight=in_flight),
+        num_replicas=2, workers=workers)
+
+  graph = fn.get_concrete_function().graph
+  reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+  assert len(reductions) == 5
+  for i, op in enumerate(reductions):
+    waits_for = [reductions.index(c) for c in op.control_inputs if c in reductions]
+    assert waits_for == ([i - in_flight] if i >= in_flight else []), (i, waits_for)
+    tokens = [t.op for t in op.inputs if t.dtype == tf.resource]
+    assert len(tokens) == (0 if in_flight == 1 else 1)
+    if in_flight > 1 and i >= in_flight:
+      assert tokens == [t.op for t in reductions[i - in_flight].inputs
+                        if t.dtype == tf.resource]
+
+
+def test_one_worker_or_one_bucket_has_no_lanes():
+  """Nothing to overlap: no tokens, the plain chain."""
+  for num_workers, pack_bytes in ((1, 40), (2, 2**20)):
+    workers = cluster.CollectiveKeys(num_workers=num_workers, worker_index=0, timeout_s=0)
+
+    @tf.function
+    def fn():
+      values = [[tf.constant(np.ones(10, np.float32)) for _ in range(3)]]
+      return collectives.all_reduce(
+          values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
+          replicator.AllReduceOptions(pack_bytes=pack_bytes, buckets_in_flight=4),
+          num_replicas=2 * num_workers, workers=workers)
+
+    graph = fn.get_concrete_function().graph
+    assert not [op for op in graph.get_operations() if op.type == "VarHandleOp"]
+
+
 @pytest.mark.parametrize("compression,bound", list(ROUNDING.items()))
 def test_compressed_all_reduce_error_is_bounded(compression, bound):
   rng = np.random.RandomState(1)

@@ -149,6 +149,12 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
         # ... or, summed in float32, the values and each worker's total once.
         err = np.abs(got[f"bf16_sum_in_float32_{j}"][r] - factor * exact)
         assert np.all(err <= factor * 2 * 2.0**-8 * scale), err.max()
+      # Buckets side by side (buckets_in_flight=2): each its own sum.
+      for j, factor in enumerate([1, 2, 3, -1]):
+        np.testing.assert_allclose(got[f"in_flight_{j}"][r], factor * x.sum(0), rtol=1e-6)
+      for j, factor in enumerate([1, 2, 3]):
+        err = np.abs(got[f"bf16_in_flight_{j}"][r] - factor * exact)
+        assert np.all(err <= factor * 7 * 2.0**-8 * scale), err.max()
 
 
 @pytest.mark.slow

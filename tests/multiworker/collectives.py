@@ -53,6 +53,9 @@ def main():
   compressed = replicator.AllReduceOptions(compression=replicator.Compression.BF16)
   wide = replicator.AllReduceOptions(compression=replicator.Compression.BF16,
                                      sum_in_float32=True)
+  in_flight = replicator.AllReduceOptions(pack_bytes=48, buckets_in_flight=2)
+  bf16_in_flight = replicator.AllReduceOptions(
+      pack_bytes=48, buckets_in_flight=2, compression=replicator.Compression.BF16)
   repl = replicator.MultiGpuReplicator()
   n = repl.num_replicas
   table = np.stack([value(r) for r in range(n)])
@@ -78,6 +81,9 @@ def main():
     out["bf16"] = repl.all_reduce([x, 2 * x], options=compressed)
     out["bf16_sum_in_float32"] = repl.all_reduce([x, 2 * x], options=wide)
     out["bf16_sum_in_float32_one"] = repl.all_reduce(x, options=wide)  # not packed
+    # One bucket per tensor, two lanes: buckets cross side by side.
+    out["in_flight"] = repl.all_reduce([x, 2 * x, 3 * x, -x], options=in_flight)
+    out["bf16_in_flight"] = repl.all_reduce([x, 2 * x, 3 * x], options=bf16_in_flight)
     # No collective kernel for 8- and 16-bit integers: they travel as int32.
     small = tf.cast(i, tf.int8)
     out.update({"int8_sum": repl.all_sum(small), "int8_max": repl.all_max(small),
