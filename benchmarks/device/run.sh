@@ -26,7 +26,7 @@ fi
 if [ "$(left)" -gt 60 ]; then
   CUDA_VISIBLE_DEVICES= timeout $(( $(left) - 10 )) python3 -m benchmarks.allreduce \
     --workers 8,4,2 --rounds 2 --variants "ours fp32 packed;ours fp32, 8MB buckets, 4 in flight;\
-ours bf16;ours bf16, 8MB buckets, 4 in flight;MWMS RING, bytes_per_pack=0;\
+ours bf16;ours bf16, 8MB buckets;ours bf16, 8MB buckets, 4 in flight;MWMS RING, bytes_per_pack=0;\
 MWMS RING, bytes_per_pack=32MB;transfer alone: one bf16 tensor" --json "$OUT/allreduce_box.json"
   echo "allreduce: exit $? at $(( $(date +%s) - start )) s"
 fi
