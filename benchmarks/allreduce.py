@@ -23,16 +23,21 @@ round (each round's ratios compare calls of one job). Each worker gets cores/W i
 import argparse
 import functools
 import json
+import re
 
 from benchmarks import common
 
 VARIANTS = ("ours fp32 packed", "ours bf16", "ours bf16, float32 sum",
             "MWMS RING, bytes_per_pack=0", "MWMS RING, bytes_per_pack=32MB",
             "transfer alone: one fp32 tensor", "transfer alone: one bf16 tensor")
-# Not run by default: smaller buckets, and buckets side by side
-# (`AllReduceOptions.buckets_in_flight`), for a machine with cores to spare.
-MORE_VARIANTS = ("ours fp32, 8MB buckets", "ours fp32, 8MB buckets, 4 in flight",
-                 "ours bf16, 8MB buckets", "ours bf16, 8MB buckets, 4 in flight")
+# "ours fp32 packed" and "ours bf16" are one 32 MB bucket at a time, the library's
+# default until 2026-11-26; its default since is 16 MB buckets, 2 in flight.
+# Not run by default: ours with other `AllReduceOptions`, named
+# "ours DTYPE, NMB buckets[, K in flight]" (pack_bytes N MiB, buckets_in_flight K),
+# for a machine with cores to spare; any N and K are taken, these are examples.
+MORE_VARIANTS = ("ours fp32, 16MB buckets, 2 in flight", "ours fp32, 8MB buckets, 4 in flight",
+                 "ours bf16, 16MB buckets, 2 in flight", "ours bf16, 8MB buckets, 4 in flight")
+_TUNED = re.compile(r"ours (fp32|bf16), (\d+)MB buckets(?:, (\d+) in flight)?$")
 
 
 def resnet50_sizes():
@@ -116,13 +121,14 @@ def worker(variants, scale: float, iters: int, threads: int):
       "MWMS RING, bytes_per_pack=32MB": lambda: mwms_call(32 * 2**20),
       "transfer alone: one fp32 tensor": lambda: transfer_call(tf.float32),
       "transfer alone: one bf16 tensor": lambda: transfer_call(tf.bfloat16)}
-  for name in MORE_VARIANTS:  # "ours DTYPE, 8MB buckets[, K in flight]"
-    parts = name.split(", ")
-    compression = (replicator.Compression.BF16 if parts[0].endswith("bf16")
-                   else replicator.Compression.NONE)
-    in_flight = int(parts[2].split()[0]) if len(parts) > 2 else 1
-    makers[name] = functools.partial(ours_call, compression, pack_mb=int(parts[1][:-10]),
-                                     in_flight=in_flight)
+  for name in variants:
+    tuned = _TUNED.match(name)
+    if tuned:
+      dtype, pack_mb, in_flight = tuned.groups()
+      makers[name] = functools.partial(
+          ours_call, replicator.Compression.BF16 if dtype == "bf16"
+          else replicator.Compression.NONE, pack_mb=int(pack_mb),
+          in_flight=int(in_flight or 1))
   calls = {name: makers[name]() for name in variants}
   # Untimed: the traces, the first rendezvous, and calls that still set up
   # connections and buffers (in some jobs the first 3 to 5 ran 1.5x to 4x
@@ -188,7 +194,7 @@ def main():
   sizes = resnet50_sizes()
   floats = sum(max(1, int(n * args.scale)) for n in sizes)
   variants = args.variants.split(";")
-  unknown = [v for v in variants if v not in VARIANTS + MORE_VARIANTS]
+  unknown = [v for v in variants if v not in VARIANTS and not _TUNED.match(v)]
   if unknown:
     raise SystemExit(f"--variants: unknown {unknown}; choose from "
                      f"{list(VARIANTS + MORE_VARIANTS)}")

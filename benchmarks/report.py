@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 
@@ -21,6 +22,12 @@ RESULTS = os.path.join(HERE, "results")
 COMMANDS = {
     "step_rate": "python -m benchmarks.step_rate --replicas 2 --rounds 10",
     "allreduce": "python -m benchmarks.allreduce --workers 2,4 --rounds 3",
+    "allreduce_lanes": ("python -m benchmarks.allreduce --workers 2,4 --rounds 3 --variants "
+                        "'ours fp32 packed;ours fp32, 8MB buckets, 4 in flight;"
+                        "ours fp32, 16MB buckets, 2 in flight;ours bf16;"
+                        "ours bf16, 8MB buckets, 4 in flight;ours bf16, 16MB buckets, 2 in flight;"
+                        "MWMS RING, bytes_per_pack=0;MWMS RING, bytes_per_pack=32MB;"
+                        "transfer alone: one bf16 tensor'"),
     "scaling": "python -m benchmarks.scaling --workers 1,2,4 --rounds 3 --iters 10",
     "gan_step": "python -m benchmarks.gan_step --batch 64 --rounds 5",
     "checkpoint_roundtrip": "python -m benchmarks.checkpoint_roundtrip",
@@ -32,7 +39,11 @@ COMMANDS = {
 # their JSON comes back from there into results/, each naming the command that made it.
 DEVICE_COMMANDS = {
     "resnet50": "python -m benchmarks.resnet50 --batch 128 --rounds 3 --calls 2",
-    "allreduce_box": "CUDA_VISIBLE_DEVICES= python -m benchmarks.allreduce --workers 8 --rounds 2",
+    "allreduce_box": "CUDA_VISIBLE_DEVICES= python -m benchmarks.allreduce --workers 8,4,2 --rounds 2",
+    "allreduce_box_lanes": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.allreduce --workers 8 "
+                            "--rounds 3"),
+    "allreduce_box_sizes": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.allreduce --workers 8 "
+                            "--rounds 2"),
     "scaling_box": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.scaling --workers 1,8 "
                     "--rounds 2 --iters 10"),
     "step_rate_box": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.step_rate --replicas 2 "
@@ -43,7 +54,7 @@ DEVICE_COMMANDS = {
 def run_all(names):
   os.makedirs(RESULTS, exist_ok=True)
   for name in names:
-    command = COMMANDS[name].split() + ["--json", os.path.join(RESULTS, f"{name}.json")]
+    command = shlex.split(COMMANDS[name]) + ["--json", os.path.join(RESULTS, f"{name}.json")]
     print("+", " ".join(command), flush=True)
     subprocess.run([sys.executable] + command[1:], check=True,
                    cwd=os.path.dirname(HERE))
@@ -102,7 +113,8 @@ def step_rate_section(r, command=COMMANDS["step_rate"]):
       ], ["ratio", "measured", "target", ""])])
 
 
-def allreduce_section(r, command=COMMANDS["allreduce"]):
+def allreduce_section(r, command=None):
+  command = command or r.get("command", COMMANDS["allreduce"])
   ms = r["ms_per_all_reduce (best of rounds)"]
   workers = sorted({int(k.rsplit(", ", 1)[1].split()[0]) for k in ms})
   variants = list(dict.fromkeys(k.rsplit(", ", 1)[0] for k in ms))
@@ -114,12 +126,12 @@ def allreduce_section(r, command=COMMANDS["allreduce"]):
       ("best MWMS fp32", "ours bf16, float32 sum"): 1.8,
       ("MWMS packed", "transfer alone: one fp32 tensor"): None,
       ("best MWMS fp32", "transfer alone: one bf16 tensor"): None,
-      # AllReduceOptions tuned for a machine with cores to spare (MORE_VARIANTS)
-      ("MWMS packed", "ours fp32, 8MB buckets"): 1.0,
-      ("MWMS packed", "ours fp32, 8MB buckets, 4 in flight"): 1.0,
-      ("best MWMS fp32", "ours bf16, 8MB buckets"): 1.8,
-      ("best MWMS fp32", "ours bf16, 8MB buckets, 4 in flight"): 1.8,
   }
+  for variant in variants:  # ours with other AllReduceOptions (MORE_VARIANTS)
+    if variant.startswith("ours fp32, "):
+      targets[("MWMS packed", variant)] = 1.0
+    elif variant.startswith("ours bf16, ") and "float32 sum" not in variant:
+      targets[("best MWMS fp32", variant)] = 1.8
   checks = []
   for w in workers:
     for (base, variant), target in targets.items():
@@ -327,6 +339,7 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
   sections = []
   machine = None
   for name, section in (("step_rate", step_rate_section), ("allreduce", allreduce_section),
+                        ("allreduce_lanes", allreduce_section),
                         ("scaling", scaling_section), ("gan_step", gan_section),
                         ("checkpoint_roundtrip", checkpoint_section),
                         ("gather_step", gather_section),
@@ -340,6 +353,8 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
     sections.append(section(result))
   for name, section in (("step_rate_box", step_rate_section),
                         ("allreduce_box", allreduce_section),
+                        ("allreduce_box_lanes", allreduce_section),
+                        ("allreduce_box_sizes", allreduce_section),
                         ("scaling_box", scaling_section)):
     result = _load(name)
     if result is not None:  # from the device machine (DEVICE.md)
