@@ -113,12 +113,28 @@ def step_rate_section(r, command=COMMANDS["step_rate"]):
       ], ["ratio", "measured", "target", ""])])
 
 
+# What the benchmark's older variant names mean, and which is the library's default.
+_ALLREDUCE_LABELS = {
+    "ours fp32 packed": "ours fp32 packed (32MB buckets, 1 in flight: the default until 2026-11-26)",
+    "ours bf16": "ours bf16 (32MB buckets, 1 in flight)",
+    "ours fp32, 16MB buckets, 2 in flight": "ours fp32, 16MB buckets, 2 in flight (the default)",
+    "ours bf16, 16MB buckets, 2 in flight": "ours bf16, 16MB buckets, 2 in flight (the default)",
+}
+
+
+def _allreduce_label(name: str) -> str:
+  """`name` ("W workers: BASE / VARIANT" or a variant) with its variant labelled."""
+  head, sep, variant = name.rpartition(" / ")
+  return head + sep + _ALLREDUCE_LABELS.get(variant, variant)
+
+
 def allreduce_section(r, command=None):
   command = command or r.get("command", COMMANDS["allreduce"])
   ms = r["ms_per_all_reduce (best of rounds)"]
   workers = sorted({int(k.rsplit(", ", 1)[1].split()[0]) for k in ms})
   variants = list(dict.fromkeys(k.rsplit(", ", 1)[0] for k in ms))
-  rows = [[v] + [f"{ms.get(f'{v}, {w} workers', float('nan')):.1f}" for w in workers]
+  rows = [[_allreduce_label(v)]
+          + [f"{ms.get(f'{v}, {w} workers', float('nan')):.1f}" for w in workers]
           for v in variants]
   targets = {  # (baseline / ours variant): target, or None for a bound
       ("MWMS packed", "ours fp32 packed"): 1.0,
@@ -140,7 +156,7 @@ def allreduce_section(r, command=None):
         continue
       each = r["ratios (each round)"][name]
       middle = _median(each)
-      row = [name, f"{middle:.2f}x", f"{min(each):.2f}x - {max(each):.2f}x",
+      row = [_allreduce_label(name), f"{middle:.2f}x", f"{min(each):.2f}x - {max(each):.2f}x",
              f"{r['ratios (best of rounds)'][name]:.2f}x"]
       if target is None:
         row += ["(bound: no packing, no casting)", ""]
