@@ -79,10 +79,6 @@ def worker(variants, scale: float, iters: int, threads: int):
   with repl.context():
     variables = [tf.Variable(g) for g in grads]
   starts = np.cumsum([0] + [g.size for g in grads[:-1]])
-  flat = {}
-  with repl.context():
-    for dtype in (tf.float32, tf.bfloat16):
-      flat[dtype] = tf.Variable(tf.cast(np.concatenate(grads), dtype))
 
   def mwms_call(packing):
     options = tf.distribute.experimental.CommunicationOptions(
@@ -108,8 +104,11 @@ def worker(variants, scale: float, iters: int, threads: int):
     return lambda: repl.run(step_fn)[0]
 
   def transfer_call(dtype):
+    with repl.context():  # made only for the transfer variants asked for
+      flat = tf.Variable(tf.cast(np.concatenate(grads), dtype))
+
     def step_fn():
-      total = repl.all_reduce(flat[dtype].read_value())
+      total = repl.all_reduce(flat.read_value())
       return tf.reduce_sum(tf.cast(tf.gather(total, starts), tf.float32))
     return lambda: repl.run(step_fn)[0]
 

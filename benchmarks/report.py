@@ -145,9 +145,9 @@ def allreduce_section(r, command=None):
   }
   for variant in variants:  # ours with other AllReduceOptions (MORE_VARIANTS)
     if variant.startswith("ours fp32, "):
-      targets[("MWMS packed", variant)] = 1.0
-    elif variant.startswith("ours bf16, ") and "float32 sum" not in variant:
-      targets[("best MWMS fp32", variant)] = 1.8
+      targets.setdefault(("MWMS packed", variant), 1.0)
+    elif variant.startswith("ours bf16, "):
+      targets.setdefault(("best MWMS fp32", variant), 1.8)
   checks = []
   for w in workers:
     for (base, variant), target in targets.items():
