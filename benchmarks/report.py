@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -113,19 +114,28 @@ def step_rate_section(r, command=COMMANDS["step_rate"]):
       ], ["ratio", "measured", "target", ""])])
 
 
-# What the benchmark's older variant names mean, and which is the library's default.
+# The library's default bucket options (`AllReduceOptions().pack_bytes` in MiB,
+# `.buckets_in_flight`); tests/test_collectives.py keeps them equal.
+DEFAULT_BUCKETS = (16, 2)
+# What the benchmark's older variant names mean.
 _ALLREDUCE_LABELS = {
     "ours fp32 packed": "ours fp32 packed (32MB buckets, 1 in flight: the default until 2026-11-26)",
     "ours bf16": "ours bf16 (32MB buckets, 1 in flight)",
-    "ours fp32, 16MB buckets, 2 in flight": "ours fp32, 16MB buckets, 2 in flight (the default)",
-    "ours bf16, 16MB buckets, 2 in flight": "ours bf16, 16MB buckets, 2 in flight (the default)",
 }
+_TUNED = re.compile(r"ours (fp32|bf16), (\d+)MB buckets(?:, (\d+) in flight)?$")
+
+
+def _variant_label(variant: str) -> str:
+  tuned = _TUNED.match(variant)
+  if tuned and (int(tuned.group(2)), int(tuned.group(3) or 1)) == DEFAULT_BUCKETS:
+    return variant + " (the default)"
+  return _ALLREDUCE_LABELS.get(variant, variant)
 
 
 def _allreduce_label(name: str) -> str:
   """`name` ("W workers: BASE / VARIANT" or a variant) with its variant labelled."""
   head, sep, variant = name.rpartition(" / ")
-  return head + sep + _ALLREDUCE_LABELS.get(variant, variant)
+  return head + sep + _variant_label(variant)
 
 
 def allreduce_section(r, command=None):
