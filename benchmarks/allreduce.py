@@ -145,7 +145,8 @@ def worker(variants, scale: float, iters: int, threads: int):
   expected = num_workers * sum(float(g[0]) for g in grads)
   errors = {name: abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
             for name, call in calls.items()}
-  print("RESULT " + json.dumps({"ms": ms, "relative_error": errors}), flush=True)
+  print("RESULT " + json.dumps({"ms": ms, "relative_error": errors,
+                                "grpc": common.server_grpc_settings()}), flush=True)
   repl.shutdown()
 
 
@@ -207,7 +208,7 @@ def main():
                      f"{list(VARIANTS + MORE_VARIANTS)}")
   counts = [int(w) for w in args.workers.split(",")]
   rounds = []  # one {"variant, W workers": ms} per round
-  errors = {}
+  errors, grpc = {}, {}
 
   def summary():
     best = {key: min(r[key] for r in rounds) for key in rounds[0]}
@@ -217,12 +218,15 @@ def main():
             "ms_per_all_reduce (best of rounds)": best,
             "ms_per_all_reduce (each round)": rounds,
             "relative_error_of_checksum": errors,
+            # worker 0's server; 0 and 0 are TensorFlow's defaults (1 channel, 4 KB)
+            "grpc settings": grpc,
             "ratios (best of rounds)": ratios, "ratios (each round)": per_round}
 
   for _ in range(args.rounds):
     rounds.append({})
     for workers in counts:
       result = _run_job(variants, workers, args.scale, args.iters)
+      grpc = result["grpc"]
       for variant in variants:
         key = f"{variant}, {workers} workers"
         rounds[-1][key] = result["ms"][variant]

@@ -74,7 +74,10 @@ def command_line() -> str:
       continue
     if not arg.startswith("--json="):
       args.append(shlex.quote(arg))
-  return " ".join([f"python -m benchmarks.{module}"] + args)
+  command = " ".join([f"python -m benchmarks.{module}"] + args)
+  if os.environ.get("BENCH_GRPC"):  # an experiment's setting (`_tune_grpc`)
+    command = f"BENCH_GRPC={shlex.quote(os.environ['BENCH_GRPC'])} {command}"
+  return command
 
 
 def write_result(result: dict, json_path=None, quiet: bool = False) -> None:
@@ -90,16 +93,25 @@ def write_result(result: dict, json_path=None, quiet: bool = False) -> None:
       json.dump(result, f, indent=2)
 
 
+def ratio_by_workers(best: dict, rounds: list, counts, top: str, bottom: str):
+  """`top`'s figure over `bottom`'s at each worker count: (best of rounds, each round).
+
+  `best` and each of `rounds` map "NAME, W workers" to a figure; each is a
+  dict keyed "W workers".
+  """
+  ratio = lambda figures, w: figures[f"{top}, {w} workers"] / figures[f"{bottom}, {w} workers"]
+  return ({f"{w} workers": ratio(best, w) for w in counts},
+          {f"{w} workers": [ratio(r, w) for r in rounds] for w in counts})
+
+
 def mwms_over_ours(best: dict, rounds: list, counts) -> dict:
   """MWMS's time over ours at each worker count: best of rounds, and each round.
 
   `best` and each of `rounds` map "ours, W workers" / "MWMS, W workers" to a
   time (lower is better), so a ratio over 1 means ours is faster.
   """
-  ratio = lambda times, w: times[f"MWMS, {w} workers"] / times[f"ours, {w} workers"]
-  return {"MWMS / ours (best of rounds)": {f"{w} workers": ratio(best, w) for w in counts},
-          "MWMS / ours (each round)": {f"{w} workers": [ratio(r, w) for r in rounds]
-                                       for w in counts}}
+  best_ratio, each = ratio_by_workers(best, rounds, counts, "MWMS", "ours")
+  return {"MWMS / ours (best of rounds)": best_ratio, "MWMS / ours (each round)": each}
 
 
 def start_worker(threads: int) -> int:
@@ -110,7 +122,44 @@ def start_worker(threads: int) -> int:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.threading.set_intra_op_parallelism_threads(threads)
+  _tune_grpc(os.environ.get("BENCH_GRPC", ""))
   return len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+
+
+def _tune_grpc(spec: str) -> None:
+  """An experiment: `BENCH_GRPC="channels=4,chunk=-1"` sets the worker server's
+  `rpc_options.num_channels_per_target` and `experimental.recv_buf_max_chunk`
+  (as DTensor's multi-client setup does; TensorFlow's defaults are 1 and 4 KB).
+
+  Whoever starts the server (MWMS here) gets them, so both sides of a job share
+  them: compare a job with them against one without. Neither library sets them.
+  """
+  if not spec:
+    return
+  settings = dict(item.split("=") for item in spec.split(","))
+  unknown = set(settings) - {"channels", "chunk"}
+  if unknown:
+    raise ValueError(f"BENCH_GRPC: unknown {sorted(unknown)}; e.g. 'channels=4,chunk=-1'.")
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  enable = context.Context.enable_collective_ops
+
+  def enable_tuned(self, server_def):
+    config = server_def.default_session_config
+    if "channels" in settings:
+      config.rpc_options.num_channels_per_target = int(settings["channels"])
+    if "chunk" in settings:
+      config.experimental.recv_buf_max_chunk = int(settings["chunk"])
+    return enable(self, server_def)
+  context.Context.enable_collective_ops = enable_tuned
+
+
+def server_grpc_settings() -> dict:
+  """The gRPC settings of this worker's running server (what `_tune_grpc` set)."""
+  from tensorflow.python.eager import context  # pylint: disable=g-import-not-at-top
+  server_def = context.context()._collective_ops_server_def  # pylint: disable=protected-access
+  config = server_def.default_session_config
+  return {"num_channels_per_target": config.rpc_options.num_channels_per_target,
+          "recv_buf_max_chunk": config.experimental.recv_buf_max_chunk}
 
 
 def mwms_and_replicator(pack_bytes=None):

@@ -45,6 +45,10 @@ DEVICE_COMMANDS = {
                             "--rounds 3"),
     "allreduce_box_sizes": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.allreduce --workers 8 "
                             "--rounds 2"),
+    "allreduce_box_grpc": ("BENCH_GRPC=channels=4,chunk=-1 CUDA_VISIBLE_DEVICES= "
+                           "python -m benchmarks.allreduce --workers 8 --rounds 2"),
+    "step_rate_box_threads": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.step_rate "
+                              "--replicas 2 --rounds 10 --threads 2,2"),
     "scaling_box": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.scaling --workers 1,8 "
                     "--rounds 2 --iters 10"),
     "step_rate_box": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.step_rate --replicas 2 "
@@ -95,7 +99,10 @@ def step_rate_section(r, command=COMMANDS["step_rate"]):
   rows = [[name, f"{value:.3f}", f"{busy[name]:.2f}" if name in busy else ""]
           for name, value in ms.items()]
   return "\n\n".join([
-      f"## 1-2. Step rate of a tiny MLP, {r['replicas']} logical CPU devices",
+      f"## 1-2. Step rate of a tiny MLP, {r['replicas']} logical CPU devices"
+      + (f", {r['threads (intra,inter)']} intra-op,inter-op threads"
+         if r.get("threads (intra,inter)", "TensorFlow's defaults") != "TensorFlow's defaults"
+         else ""),
       f"`{command}`",
       _table(rows, ["variant", "ms/step (best of rounds)",
                     "cores busy (CPU time / wall)"]),
@@ -138,6 +145,17 @@ def _allreduce_label(name: str) -> str:
   return head + sep + _variant_label(variant)
 
 
+def _grpc_note(settings) -> str:
+  """What a job's servers ran with, where an experiment changed TensorFlow's defaults."""
+  if not settings or not any(settings.values()):
+    return ""
+  chunk = settings["recv_buf_max_chunk"]
+  chunks = ("unchunked" if chunk < 0 else f"in chunks of {chunk} bytes" if chunk
+            else "in 4 KB chunks")
+  return (f"; both sides' servers: {settings['num_channels_per_target'] or 1} gRPC "
+          f"channel(s) per peer, responses {chunks}")
+
+
 def allreduce_section(r, command=None):
   command = command or r.get("command", COMMANDS["allreduce"])
   ms = r["ms_per_all_reduce (best of rounds)"]
@@ -146,18 +164,16 @@ def allreduce_section(r, command=None):
   rows = [[_allreduce_label(v)]
           + [f"{ms.get(f'{v}, {w} workers', float('nan')):.1f}" for w in workers]
           for v in variants]
-  targets = {  # (baseline / ours variant): target, or None for a bound
-      ("MWMS packed", "ours fp32 packed"): 1.0,
-      ("best MWMS fp32", "ours bf16"): 1.8,
-      ("best MWMS fp32", "ours bf16, float32 sum"): 1.8,
-      ("MWMS packed", "transfer alone: one fp32 tensor"): None,
-      ("best MWMS fp32", "transfer alone: one bf16 tensor"): None,
-  }
-  for variant in variants:  # ours with other AllReduceOptions (MORE_VARIANTS)
-    if variant.startswith("ours fp32, "):
-      targets.setdefault(("MWMS packed", variant), 1.0)
-    elif variant.startswith("ours bf16, "):
-      targets.setdefault(("best MWMS fp32", variant), 1.8)
+  targets = {}  # (baseline, variant): target, or None for a bound; in the table's order
+  for variant in variants:
+    if variant == "transfer alone: one fp32 tensor":
+      targets[("MWMS packed", variant)] = None
+    elif variant == "transfer alone: one bf16 tensor":
+      targets[("best MWMS fp32", variant)] = None
+    elif variant == "ours fp32 packed" or variant.startswith("ours fp32, "):
+      targets[("MWMS packed", variant)] = 1.0
+    elif variant == "ours bf16" or variant.startswith("ours bf16, "):
+      targets[("best MWMS fp32", variant)] = 1.8
   checks = []
   for w in workers:
     for (base, variant), target in targets.items():
@@ -180,7 +196,8 @@ def allreduce_section(r, command=None):
       "worker processes and their calls alternate; each worker process: cores / W "
       "intra-op threads; ms: worker 0's median call of 20, best of the rounds; the "
       "verdict goes by the median of the rounds' ratios, each taken within one job; "
-      "MWMS `bytes_per_pack=0`, its default, is one pack of every tensor)",
+      "MWMS `bytes_per_pack=0`, its default, is one pack of every tensor"
+      + _grpc_note(r.get("grpc settings")) + ")",
       _table(rows, ["variant"] + [f"{w} workers, ms" for w in workers]),
       _table(checks, ["ratio", "median of the rounds", "round by round",
                       "best times of the rounds", "target", ""])])
@@ -205,7 +222,9 @@ def scaling_section(r, command=COMMANDS["scaling"]):
       f"batch {r['batch_per_worker']} per worker)",
       f"`{command}` (each round one job per W, in which MWMS and ours share the worker "
       "processes, each training a model of its own, their calls of 5 steps alternating; "
-      "examples/s: worker 0's median call, best of the rounds)",
+      "examples/s: worker 0's median call, best of the rounds; "
+      + (f"both sides' buckets {r['pack_mb']:g} MB)" if r.get("pack_mb")
+         else "each side's default buckets: ours 16 MB, 2 in flight; MWMS one pack)"),
       _table(rows, ["variant", "examples/s", "per-worker efficiency"]),
       _table(versus, ["same W", "ours / MWMS, median of the rounds (each within one job)",
                       "round by round", "best of rounds"]),
@@ -381,6 +400,8 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
                         ("allreduce_box", allreduce_section),
                         ("allreduce_box_lanes", allreduce_section),
                         ("allreduce_box_sizes", allreduce_section),
+                        ("allreduce_box_grpc", allreduce_section),
+                        ("step_rate_box_threads", step_rate_section),
                         ("scaling_box", scaling_section)):
     result = _load(name)
     if result is not None:  # from the device machine (DEVICE.md)

@@ -20,36 +20,40 @@ from tensorflow.python.ops import collective_ops
 
 def across_workers(value: tf.Tensor, merge_op: str, workers,
                    instance_key: Optional[int] = None,
-                   ordering_token: Optional[tf.Tensor] = None) -> tf.Tensor:
+                   ordering_token: Optional[tf.Tensor] = None,
+                   timeout_s: Optional[float] = None) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective).
 
   `tf.function` runs collectives one after another in the order they were
   built, except those given an `ordering_token` (a resource handle): each of
-  those waits only for the previous one with the same token.
+  those waits only for the previous one with the same token. `timeout_s`
+  replaces `workers.timeout_s` for this collective (0: no limit).
   """
+  again = dict(instance_key=instance_key, ordering_token=ordering_token,
+               timeout_s=timeout_s)
   if workers is None or workers.num_workers == 1:
     return value
   if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
     # (booleans as 0/1: Max is any worker's, Min every worker's, a nonzero sum true)
     wider = _REDUCED_WIDER[value.dtype]
-    return tf.cast(across_workers(tf.cast(value, wider), merge_op, workers, instance_key,
-                                  ordering_token), value.dtype)
+    return tf.cast(across_workers(tf.cast(value, wider), merge_op, workers, **again),
+                   value.dtype)
   if value.dtype.is_complex:  # no kernel: real and imaginary parts, as floats
     both = across_workers(tf.stack([tf.math.real(value), tf.math.imag(value)]),
-                          merge_op, workers, instance_key, ordering_token)
+                          merge_op, workers, **again)
     return tf.complex(both[0], both[1])
   if value.dtype == tf.uint64:  # as int64 bits: sums wrap alike; the order, sign bit flipped
     flip = (lambda v: v) if merge_op == "Add" else (
         lambda v: tf.bitwise.bitwise_xor(v, tf.constant(1 << 63, tf.uint64)))
-    signed = across_workers(tf.bitcast(flip(value), tf.int64), merge_op, workers,
-                            instance_key, ordering_token)
+    signed = across_workers(tf.bitcast(flip(value), tf.int64), merge_op, workers, **again)
     return flip(tf.bitcast(signed, tf.uint64))
 
   def reduce(wire, key):
     return collective_ops.all_reduce_v2(
         wire, group_size=workers.num_workers, group_key=workers.group_key,
         instance_key=key, merge_op=merge_op, final_op="Id",
-        communication_hint="ring", timeout=workers.timeout_s,
+        communication_hint="ring",
+        timeout=workers.timeout_s if timeout_s is None else timeout_s,
         ordering_token=ordering_token)
 
   if instance_key is not None or not _run_time_shape(value):

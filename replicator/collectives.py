@@ -82,6 +82,11 @@ def _lanes(count: int, num_buckets: int, device: str, workers) -> list:
   A collective waits for the previous one of its lane only
   (`AllReduceOptions.buckets_in_flight`). A token is a resource handle that
   nothing reads: the handle of a variable that never exists.
+
+  Safe because collectives between workers take the gRPC ring
+  (`between_workers`), whose instance keys let lanes finish in any order on
+  each worker. NCCL between workers would need one launch order on every
+  worker: lanes would then have to go.
   """
   if count == 1 or num_buckets == 1 or workers is None or workers.num_workers == 1:
     return [None]

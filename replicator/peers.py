@@ -56,9 +56,8 @@ class Peers:
     # After it, every worker's runtime is ready. Every server answers by now, so
     # a peer that does not join this collective made other replicators before
     # this one (each takes a collective group of its own, in order).
-    self._keys.timeout_s, no_timeout = join_timeout_s, self._keys.timeout_s
     try:
-      self.merge([1], "Add", steps_completed=0)
+      self.merge([1], "Add", steps_completed=0, timeout_s=join_timeout_s)
     except tf.errors.DeadlineExceededError as error:
       raise TimeoutError(
           f"cluster: worker {self._mesh.worker_index}'s MultiGpuReplicator (number "
@@ -68,18 +67,19 @@ class Peers:
           "different numbers of replicators before this one, or made them in "
           "another order. Make the same replicators on every worker, in the same "
           "order (an evaluation replicator on the chief alone waits forever).") from error
-    finally:
-      self._keys.timeout_s = no_timeout
 
-  def merge(self, values, merge_op: str, steps_completed: int) -> np.ndarray:
+  def merge(self, values, merge_op: str, steps_completed: int,
+            timeout_s=None) -> np.ndarray:
     """`values` (int64s) merged over the workers with `merge_op`, eagerly.
 
-    `steps_completed` is what a `WorkerLost` raised meanwhile reports.
+    `steps_completed` is what a `WorkerLost` raised meanwhile reports;
+    `timeout_s`, if given, limits the wait (else the keys' `timeout_s`).
     """
     try:
       with tf.device(self._device):
         return between_workers.across_workers(
-            tf.constant(values, tf.int64), merge_op, self._keys).numpy()
+            tf.constant(values, tf.int64), merge_op, self._keys,
+            timeout_s=timeout_s).numpy()
     except tf.errors.OpError as error:
       self.raise_if_lost(error, steps_completed)
       raise
