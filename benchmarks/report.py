@@ -45,7 +45,7 @@ DEVICE_COMMANDS = {
                             "--rounds 3"),
     "allreduce_box_sizes": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.allreduce --workers 8 "
                             "--rounds 2"),
-    "allreduce_box_grpc": ("BENCH_GRPC=channels=4,chunk=-1 CUDA_VISIBLE_DEVICES= "
+    "allreduce_box_grpc": ("BENCH_GRPC=channels=4 CUDA_VISIBLE_DEVICES= "
                            "python -m benchmarks.allreduce --workers 8 --rounds 2"),
     "step_rate_box_threads": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.step_rate "
                               "--replicas 2 --rounds 10 --threads 2,2"),
