@@ -299,9 +299,11 @@ def gather_section(r):
 def bn_step_section(r):
   ms = r["ms_per_step (best of rounds)"]
   first = r.get("first_call_s (best of rounds)", {})
+  to_loss = r.get("to_first_loss_s (best of rounds)")  # since 2026-11-26
   losses = r.get("loss of worker 0 after the same steps (last round)", {})
-  rows = [[k, f"{v:.1f}", f"{first[k]:.1f}" if k in first else "",
-           f"{losses[k]:.4f}" if k in losses else ""] for k, v in ms.items()]
+  rows = [[k, f"{v:.1f}", f"{first[k]:.1f}" if k in first else ""]
+          + ([f"{to_loss[k]:.1f}"] if to_loss else [])
+          + [f"{losses[k]:.4f}" if k in losses else ""] for k, v in ms.items()]
   parameters = ", ".join(f"{k} {v:,}" for k, v in r["trainable parameters"].items())
   return "\n\n".join([
       "## Synchronized batch norm in a training step (ResNet-50 v1.5, "
@@ -315,8 +317,9 @@ def bn_step_section(r):
       "best of the rounds; first call: ours builds the model in it, MWMS before it, "
       "the two timed one after the other, ours first in odd rounds; "
       "the losses differ because the initial values do)",
-      _table(rows, ["variant", "ms/step", "first call, s",
-                    "worker 0's loss after the same steps"]),
+      _table(rows, ["variant", "ms/step", "first call, s"]
+             + (["build (MWMS: eagerly, before its step) + first call, s"] if to_loss else [])
+             + ["worker 0's loss after the same steps"]),
       _mwms_over_ours_table(r)])
 
 
