@@ -39,7 +39,7 @@ VARIANTS = ("ours fp32, 16MB buckets, 2 in flight", "ours bf16, 16MB buckets, 2 
 # "ours bf16" are one 32 MB bucket at a time, the default until 2026-11-26.
 MORE_VARIANTS = ("ours fp32 packed", "ours bf16", "ours fp32, 8MB buckets, 4 in flight",
                  "ours bf16, 8MB buckets, 4 in flight", "ours bf16, 32MB buckets, 1 in flight")
-_TUNED = re.compile(r"ours (fp32|bf16), (\d+)MB buckets(?:, (\d+) in flight)?$")
+TUNED = re.compile(r"ours (fp32|bf16), (\d+)MB buckets(?:, (\d+) in flight)?$")
 
 
 def resnet50_sizes():
@@ -128,7 +128,7 @@ def worker(variants, scale: float, iters: int, threads: int):
       "transfer alone: one fp32 tensor": lambda: transfer_call(tf.float32),
       "transfer alone: one bf16 tensor": lambda: transfer_call(tf.bfloat16)}
   for name in variants:
-    tuned = _TUNED.match(name)
+    tuned = TUNED.match(name)
     if tuned:
       dtype, pack_mb, in_flight = tuned.groups()
       makers[name] = functools.partial(
@@ -202,7 +202,7 @@ def main():
   floats = sum(max(1, int(n * args.scale)) for n in sizes)
   variants = args.variants.split(";")
   unknown = [v for v in variants
-             if v not in VARIANTS + MORE_VARIANTS and not _TUNED.match(v)]
+             if v not in VARIANTS + MORE_VARIANTS and not TUNED.match(v)]
   if unknown:
     raise SystemExit(f"--variants: unknown {unknown}; choose from "
                      f"{list(VARIANTS + MORE_VARIANTS)}")

@@ -12,10 +12,11 @@ import datetime
 import json
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
+
+from benchmarks import allreduce
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -129,11 +130,10 @@ _ALLREDUCE_LABELS = {
     "ours fp32 packed": "ours fp32 packed (32MB buckets, 1 in flight: the default until 2026-11-26)",
     "ours bf16": "ours bf16 (32MB buckets, 1 in flight)",
 }
-_TUNED = re.compile(r"ours (fp32|bf16), (\d+)MB buckets(?:, (\d+) in flight)?$")
 
 
 def _variant_label(variant: str) -> str:
-  tuned = _TUNED.match(variant)
+  tuned = allreduce.TUNED.match(variant)
   if tuned and (int(tuned.group(2)), int(tuned.group(3) or 1)) == DEFAULT_BUCKETS:
     return variant + " (the default)"
   return _ALLREDUCE_LABELS.get(variant, variant)
@@ -224,7 +224,8 @@ def scaling_section(r, command=COMMANDS["scaling"]):
       "processes, each training a model of its own, their calls of 5 steps alternating; "
       "examples/s: worker 0's median call, best of the rounds; "
       + (f"both sides' buckets {r['pack_mb']:g} MB)" if r.get("pack_mb")
-         else "each side's default buckets: ours 16 MB, 2 in flight; MWMS one pack)"),
+         else f"each side's default buckets: ours {DEFAULT_BUCKETS[0]} MB, "
+              f"{DEFAULT_BUCKETS[1]} in flight; MWMS one pack)"),
       _table(rows, ["variant", "examples/s", "per-worker efficiency"]),
       _table(versus, ["same W", "ours / MWMS, median of the rounds (each within one job)",
                       "round by round", "best of rounds"]),
