@@ -17,23 +17,15 @@ import functools
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
-from tensorflow.python.autograph.core import config as autograph_config
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.ops import op_selector
 
+from replicator import autograph_rules
 from replicator import context
 from replicator import step_args
 from replicator import step_errors
 from replicator import step_fetch
 from replicator import variable_creation
-
-# AutoGraph converts step_fn and what it calls; the library's own code is plain
-# Python that must run as written (as TensorFlow's, Keras's and Sonnet's do).
-if not any(getattr(rule, "module_prefix", None) == "replicator"
-           for rule in autograph_config.CONVERSION_RULES):
-  autograph_config.CONVERSION_RULES = (
-      (autograph_config.DoNotConvert("replicator"),)
-      + tuple(autograph_config.CONVERSION_RULES))
 
 
 def _to_spec(value):
@@ -238,8 +230,9 @@ class CompiledStep:
     args = step_args.dereference(args)
     per_replica = [((step_fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]
-    outputs = self._group().run(
-        step_fn, per_replica, self._replica_scope(creating=self._creating))
+    with autograph_rules.while_tracing():
+      outputs = self._group().run(
+          step_fn, per_replica, self._replica_scope(creating=self._creating))
     outputs = [step_errors.check_outputs(o, self._step_fn) for o in outputs]
     self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
     leaves = [tf.nest.flatten(o) for o in outputs]
