@@ -222,13 +222,14 @@ class Replicator:
     self._steps_completed += completed
     if input_fn is not None:
       self._inputs.count_steps(input_fn, completed)
+    if int(status) == step_fetch.STEPS_DIFFER:  # without input, after the first step
+      ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
+      raise ValueError(
+          f"steps: this worker called run({context.name_of(step_fn)}, "
+          f"steps={steps}) and another worker asked for a different number of "
+          f"steps, so {ran}. Every worker must call run with the same "
+          "step_fn, input_fn and steps, in the same order.")
     if completed < steps:
-      if int(status) == step_fetch.STEPS_DIFFER:
-        raise ValueError(
-            f"steps: this worker called run({context.name_of(step_fn)}, "
-            f"steps={steps}) and another worker asked for a different number of "
-            "steps, so no step ran. Every worker must call run with the same "
-            "step_fn, input_fn and steps, in the same order.")
       uneven = int(status) == step_fetch.UNEVEN
       if uneven:
         logging.warning(

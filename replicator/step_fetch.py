@@ -17,7 +17,7 @@ READY = 1  # every replica has a batch, all one size
 OUT_OF_DATA = 0  # some replica, on some worker, has none
 UNEVEN = -1  # every replica has one, not all one size
 DONE = 2  # the loop ran the steps it was asked for
-STEPS_DIFFER = -2  # workers asked for different numbers of steps: none ran
+STEPS_DIFFER = -2  # workers asked for different steps: none ran (one, if no input)
 
 
 def status_tensor(value: int) -> tf.Tensor:

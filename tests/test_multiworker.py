@@ -424,9 +424,11 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
   for w, (code, out) in enumerate(results):
     assert code == 0 and "DONE" in out, out
     lines = {l.split()[0]: l for l in out.splitlines() if l[:1].isupper()}
+    # Without input the first step runs while the workers compare `steps`.
     assert f"called run(step_fn, steps={1 + w}) and another worker asked for a " \
-        "different number of steps, so no step ran" in lines["STEPS"], out
-    assert lines["AFTER"] == "AFTER [8.0, 8.0, 8.0]", out  # 1 + 3 steps, 2 workers
+        "different number of steps, so only the first step ran, on every worker" \
+        in lines["STEPS"], out
+    assert lines["AFTER"] == "AFTER [10.0, 10.0, 10.0]", out  # 1 + 1 + 3 steps, 2 workers
     assert lines["NUMERICS"] == "NUMERICS InvalidArgumentError", out
     # an extra collective on the chief: an error on each worker, then steps run on
     traced = re.search(r"BRANCH step_fn: branching_fn traced (\d+) cross-worker "

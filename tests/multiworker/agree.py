@@ -53,7 +53,7 @@ def main():
     print(f"STEPS {error}", flush=True)
   print(f"AFTER {repl.run(step_fn, steps=2).numpy()[0].tolist()}", flush=True)
 
-  def numerics_fn():  # v is 6 after 2 more steps: inf on every worker
+  def numerics_fn():  # v reaches 6 in these steps: inf on every worker
     v.assign_add(tf.ones([3]))
     tf.debugging.check_numerics(v / (v - 6.0), "v hit 6")
     return repl.all_sum(v.read_value())
