@@ -13,7 +13,12 @@ scaled by `--scale` (0.25: 6.4 M floats, 25.6 MB in float32; 1.0 is the real
 in float32 and in bfloat16: the transfer alone, with no packing or casting,
 which bounds what packing and compression can reach.
 
-  python -m benchmarks.allreduce [--workers 2,4] [--rounds 3] [--json out.json]
+  python -m benchmarks.allreduce [--workers 2,4] [--rounds 3] [--op sum|mean]
+      [--json out.json]
+
+`--op mean` averages, as a training step's gradients are averaged, on both
+sides (MWMS divides the sum after its collective; ours lets the ring divide
+where each worker has one replica).
 
 Prints ms per all-reduce (worker 0's median call; best of the rounds) and the
 ratios to MWMS, best of rounds and the range of the ratios taken round by
@@ -62,7 +67,7 @@ def _gradients(scale):
           for n in resnet50_sizes()]
 
 
-def worker(variants, scale: float, iters: int, threads: int):
+def worker(variants, scale: float, iters: int, threads: int, op: str = "sum"):
   """One worker of the job (TF_CONFIG set by the launcher): every variant.
 
   MWMS starts the worker's server and the replicator joins it, so both run
@@ -81,6 +86,8 @@ def worker(variants, scale: float, iters: int, threads: int):
   with repl.context():
     variables = [tf.Variable(g) for g in grads]
   starts = np.cumsum([0] + [g.size for g in grads[:-1]])
+  mwms_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
+  ours_op = replicator.ReduceOp.SUM if op == "sum" else replicator.ReduceOp.MEAN
 
   def mwms_call(packing):
     options = tf.distribute.experimental.CommunicationOptions(
@@ -88,7 +95,7 @@ def worker(variants, scale: float, iters: int, threads: int):
 
     def replica_fn():
       reduced = tf.distribute.get_replica_context().all_reduce(
-          tf.distribute.ReduceOp.SUM, [v.read_value() for v in mwms_variables],
+          mwms_op, [v.read_value() for v in mwms_variables],
           options=options)
       return tf.add_n([r[0] for r in reduced])
 
@@ -106,7 +113,8 @@ def worker(variants, scale: float, iters: int, threads: int):
         compression=compression, sum_in_float32=sum_in_float32, **buckets)
 
     def step_fn():
-      reduced = repl.all_reduce([v.read_value() for v in variables], options=options)
+      reduced = repl.all_reduce([v.read_value() for v in variables], ours_op,
+                                options=options)
       return tf.add_n([r[0] for r in reduced])
     return lambda: repl.run(step_fn)[0]
 
@@ -115,7 +123,7 @@ def worker(variants, scale: float, iters: int, threads: int):
       flat = tf.Variable(tf.cast(np.concatenate(grads), dtype))
 
     def step_fn():
-      total = repl.all_reduce(flat.read_value())
+      total = repl.all_reduce(flat.read_value(), ours_op)
       return tf.reduce_sum(tf.cast(tf.gather(total, starts), tf.float32))
     return lambda: repl.run(step_fn)[0]
 
@@ -142,7 +150,7 @@ def worker(variants, scale: float, iters: int, threads: int):
   ms = {name: 1e3 * t for name, t in
         common.median_seconds_alternating(calls, iters, warmup=5).items()}
   # Every worker started from worker 0's values (ours syncs them; MWMS too).
-  expected = num_workers * sum(float(g[0]) for g in grads)
+  expected = (num_workers if op == "sum" else 1) * sum(float(g[0]) for g in grads)
   errors = {name: abs(float(call()) - expected) / sum(abs(float(g[0])) for g in grads)
             for name, call in calls.items()}
   print("RESULT " + json.dumps({"ms": ms, "relative_error": errors,
@@ -177,10 +185,11 @@ def _ratios(best, rounds, counts, variants):
   return ratios, per_round
 
 
-def _run_job(variants, workers, scale, iters):
+def _run_job(variants, workers, scale, iters, op):
   return common.run_job("benchmarks.allreduce", ["--worker", ";".join(variants),
                                                  "--scale", str(scale),
-                                                 "--iters", str(iters)], workers)
+                                                 "--iters", str(iters), "--op", op],
+                        workers)
 
 
 def main():
@@ -191,12 +200,13 @@ def main():
   parser.add_argument("--scale", type=float, default=0.25)
   parser.add_argument("--variants", default=";".join(VARIANTS),
                       help="';'-separated names from VARIANTS and MORE_VARIANTS")
+  parser.add_argument("--op", choices=("sum", "mean"), default="sum")
   parser.add_argument("--json", default=None)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    worker(args.worker.split(";"), args.scale, args.iters, args.threads)
+    worker(args.worker.split(";"), args.scale, args.iters, args.threads, args.op)
     return
   sizes = resnet50_sizes()
   floats = sum(max(1, int(n * args.scale)) for n in sizes)
@@ -214,7 +224,7 @@ def main():
     best = {key: min(r[key] for r in rounds) for key in rounds[0]}
     ratios, per_round = _ratios(best, rounds, counts, variants)
     return {"machine": common.machine(),
-            "tensors": len(sizes), "floats": floats, "megabytes_fp32": 4 * floats / 1e6,
+            "op": args.op, "tensors": len(sizes), "floats": floats, "megabytes_fp32": 4 * floats / 1e6,
             "ms_per_all_reduce (best of rounds)": best,
             "ms_per_all_reduce (each round)": rounds,
             "relative_error_of_checksum": errors,
@@ -225,7 +235,7 @@ def main():
   for _ in range(args.rounds):
     rounds.append({})
     for workers in counts:
-      result = _run_job(variants, workers, args.scale, args.iters)
+      result = _run_job(variants, workers, args.scale, args.iters, args.op)
       grpc = result["grpc"]
       for variant in variants:
         key = f"{variant}, {workers} workers"

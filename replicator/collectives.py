@@ -39,13 +39,15 @@ def _on_gpus(devices: Sequence[str]) -> bool:
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
-         devices: Sequence[str], workers=None, ordering_token=None) -> List[tf.Tensor]:
+         devices: Sequence[str], workers=None, ordering_token=None,
+         final_op: str = "Id") -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
   Returns the sum on each local replica's device, in the parts' dtype (float32
   for compressed parts with `options.sum_in_float32`). On several GPUs of one
   worker the sum is NCCL's all-reduce; elsewhere an `add_n`, then one
-  collective between workers.
+  collective between workers, whose ring applies `final_op` ("Div": the sum
+  over the number of workers; see `_divided_in_ring`).
   """
   if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
     return spread(_sum_wide(parts, devices[0], workers), devices)
@@ -54,7 +56,8 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   with tf.device(devices[0]):
     total = parts[0] if len(parts) == 1 else tf.add_n(parts)
     total = between_workers.across_workers(total, "Add", workers,
-                                           ordering_token=ordering_token)
+                                           ordering_token=ordering_token,
+                                           final_op=final_op)
   return spread(total, devices)
 
 
@@ -115,6 +118,26 @@ def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
   return tf.cast(total, dtype) / tf.cast(num_replicas, dtype)
 
 
+def _divided_in_ring(op: ReduceOp, wire: tf.DType, num_replicas: int,
+                     options: AllReduceOptions, workers, local_replicas: int) -> bool:
+  """Whether a mean is divided by TensorFlow's ring as it reduces, not after.
+
+  The ring's final op divides the share of the sum that each worker reduces
+  (1/W of the bucket) before the shares go round, so no pass over the whole
+  bucket follows: for a float32 mean the same division of the same sum, for a
+  narrow one exact where the replica count is a power of two (else it would
+  round once more in the narrow dtype, and the division waits for the
+  widening). Only with one replica per worker: the ring divides by its group,
+  the workers. float16 means divide first (their sums overflow), and a
+  float32 sum of narrow values is no ring.
+  """
+  if (op is not ReduceOp.MEAN or workers is None or workers.num_workers == 1
+      or local_replicas != 1 or num_replicas != workers.num_workers
+      or not wire.is_floating or wire == tf.float16 or options.sum_in_float32):
+    return False
+  return wire in (tf.float32, tf.float64) or num_replicas & (num_replicas - 1) == 0
+
+
 def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                devices: Sequence[str],
                options: AllReduceOptions = AllReduceOptions(),
@@ -154,8 +177,10 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
           if divide_first:
             packed = packed / tf.cast(num_replicas, wire)
           flat.append(packed)
-      totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)])
-      divide_after = op is ReduceOp.MEAN and not divide_first
+      in_ring = _divided_in_ring(op, wire, num_replicas, options, workers, len(values))
+      totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)],
+                    final_op="Div" if in_ring else "Id")
+      divide_after = op is ReduceOp.MEAN and not (divide_first or in_ring)
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
           # A compressed sum is widened whole, then unpacked: one cast of the

@@ -238,6 +238,37 @@ def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
                         if t.dtype == tf.resource]
 
 
+@pytest.mark.parametrize("num_workers,local,compression,divided_in_ring", [
+    (2, 1, "NONE", True), (3, 1, "NONE", True), (2, 1, "BF16", True),
+    (4, 1, "BF16", True),
+    (3, 1, "BF16", False),  # the ring would round the quotient in bfloat16
+    (2, 1, "FP16", False),  # divided before the sum, which could overflow
+    (2, 2, "NONE", False),  # the ring divides by the workers, not the replicas
+])
+def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
+    num_workers, local, compression, divided_in_ring):
+  """The ring's final op divides the share each worker reduces; no pass over
+  the whole sum follows. Elsewhere the sum is divided after the collective."""
+  workers = cluster.CollectiveKeys(num_workers=num_workers, worker_index=0, timeout_s=0)
+  devices = ["/device:CPU:0"] * local
+
+  @tf.function
+  def fn():
+    values = [[tf.constant(np.ones(10, np.float32)) for _ in range(3)]
+              for _ in range(local)]
+    return collectives.all_reduce(
+        values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
+            compression=replicator.Compression[compression]),
+        num_replicas=local * num_workers, workers=workers)
+
+  graph = fn.get_concrete_function().graph
+  reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+  assert [op.get_attr("final_op") for op in reductions] == (
+      [b"Div"] if divided_in_ring else [b"Id"])
+  divisions = [op for op in graph.get_operations() if op.type in ("RealDiv", "Div")]
+  assert bool(divisions) != divided_in_ring
+
+
 def test_one_worker_or_one_bucket_has_no_lanes():
   """Nothing to overlap: no tokens, the plain chain."""
   for num_workers, pack_bytes in ((1, 40), (2, 2**20)):

@@ -155,6 +155,19 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       for j, factor in enumerate([1, 2, 3]):
         err = np.abs(got[f"bf16_in_flight_{j}"][r] - factor * exact)
         assert np.all(err <= factor * 7 * 2.0**-8 * scale), err.max()
+    # One replica per worker (a replicator on each worker's first device):
+    # worker w contributes value(w), its one replica's result at [0]. The ring divides the float32 mean; in
+    # bfloat16 the division by 2 is exact, so the error is the sum's alone.
+    two = x[:2].astype(np.float64)
+    np.testing.assert_array_equal(got["single_sum"][0], x[0] + x[1])
+    np.testing.assert_array_equal(got["single_mean"][0], (x[0] + x[1]) / 2)
+    np.testing.assert_array_equal(got["single_f64_mean"][0], two.mean(0))
+    np.testing.assert_array_equal(got["single_varying_mean"][0], ((x[0] + x[1]) / 2).ravel())
+    for j, factor in enumerate([1, 2]):
+      for kind in ("bf16", "fp16"):  # 2 values and 1 sum rounded, halved exactly
+        bound = 2.0**-8 if kind == "bf16" else 2.0**-11
+        err = np.abs(got[f"single_{kind}_mean_{j}"][0] - factor * two.mean(0))
+        assert np.all(err <= factor * 3 * bound * np.abs(two).mean(0)), (kind, err.max())
 
 
 @pytest.mark.slow

@@ -164,6 +164,25 @@ def main():
   repl.assert_replicas_in_sync(norm.variables)
   out["norm_moving_mean"] = norm.moving_mean.value.numpy()
   out["norm_moving_variance"] = norm.moving_variance.value.numpy()
+  # One replica per worker: the ring divides a mean as it reduces it (float32;
+  # bfloat16 at a power-of-two count of workers); float16 divides first.
+  single = replicator.MultiGpuReplicator(devices=repl.mesh.local_devices[:1])
+
+  def single_step():
+    x = tf.gather(tf.constant(table), single.replica_id)  # worker w: value(w)
+    mean = replicator.ReduceOp.MEAN
+    flat = tf.reshape(x, [-1])
+    varying = tf.boolean_mask(flat, flat > -100)  # every element, in a run-time shape
+    return {"mean": single.all_mean(x), "sum": single.all_sum(x),
+            "f64_mean": single.all_mean(tf.cast(x, tf.float64)),
+            "bf16_mean": single.all_reduce([x, 2 * x], mean, options=compressed),
+            "fp16_mean": single.all_reduce([x, 2 * x], mean, options=replicator.AllReduceOptions(
+                compression=replicator.Compression.FP16)),
+            "varying_mean": single.all_mean(varying)}
+
+  out.update({f"single_{k}": v.numpy() if not isinstance(v, list) else [t.numpy() for t in v]
+              for k, v in single.run(single_step).items()})
+  single.shutdown()
   out["metric"] = metric.result().numpy()
   out["bank"] = bank.numpy()
   flat = {}
