@@ -40,24 +40,31 @@ def _on_gpus(devices: Sequence[str]) -> bool:
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None, ordering_token=None,
-         final_op: str = "Id") -> List[tf.Tensor]:
+         final_op: str = "Id", finish=None) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
-  Returns the sum on each local replica's device, in the parts' dtype (float32
-  for compressed parts with `options.sum_in_float32`). On several GPUs of one
-  worker the sum is NCCL's all-reduce; elsewhere an `add_n`, then one
+  Returns `finish(sum)` (the sum where `finish` is None) on each local
+  replica's device; the sum is in the parts' dtype (float32 for compressed
+  parts with `options.sum_in_float32`). On several GPUs of one worker the sum
+  is NCCL's all-reduce, finished on each GPU; elsewhere an `add_n`, then one
   collective between workers, whose ring applies `final_op` ("Div": the sum
-  over the number of workers; see `_divided_in_ring`).
+  over the number of workers; see `_divided_in_ring`), finished once on the
+  first device and then handed to the others.
   """
-  if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
-    return spread(_sum_wide(parts, devices[0], workers), devices)
-  if _on_gpus(devices) and (workers is None or workers.num_workers == 1):
-    return nccl_ops.all_sum(_on_devices(tf.identity, parts, devices))
+  finish = finish or (lambda total: total)
+  if _on_gpus(devices) and (workers is None or workers.num_workers == 1) and not (
+      options.sum_in_float32 and parts[0].dtype.is_floating):
+    return _on_devices(finish, nccl_ops.all_sum(_on_devices(tf.identity, parts, devices)),
+                       devices)
   with tf.device(devices[0]):
-    total = parts[0] if len(parts) == 1 else tf.add_n(parts)
-    total = between_workers.across_workers(total, "Add", workers,
-                                           ordering_token=ordering_token,
-                                           final_op=final_op)
+    if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
+      total = _sum_wide(parts, devices[0], workers)
+    else:
+      total = parts[0] if len(parts) == 1 else tf.add_n(parts)
+      total = between_workers.across_workers(total, "Add", workers,
+                                             ordering_token=ordering_token,
+                                             final_op=final_op)
+    total = finish(total)
   return spread(total, devices)
 
 
@@ -115,7 +122,7 @@ def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
   """
   if dtype == tf.float16 and total.dtype != dtype:
     return tf.cast(tf.cast(total, tf.float32) / num_replicas, dtype)
-  return tf.cast(total, dtype) / tf.cast(num_replicas, dtype)
+  return tf.cast(total, dtype) / tf.constant(num_replicas, dtype)
 
 
 def _divided_in_ring(op: ReduceOp, wire: tf.DType, num_replicas: int,
@@ -175,23 +182,26 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         with tf.device(device):  # narrowed where it lives, so it travels narrow
           packed = packing.pack([narrowed(replica[i]) for i in group], layout)
           if divide_first:
-            packed = packed / tf.cast(num_replicas, wire)
+            packed = packed / tf.constant(num_replicas, wire)
           flat.append(packed)
       in_ring = _divided_in_ring(op, wire, num_replicas, options, workers, len(values))
-      totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)],
-                    final_op="Div" if in_ring else "Id")
       divide_after = op is ReduceOp.MEAN and not (divide_first or in_ring)
+
+      def finish(total, dtype=dtype, divide_after=divide_after):
+        # A compressed sum is widened whole, then unpacked: one cast of the
+        # bucket costs less than one per tensor (25.6 MB of gradients from
+        # bfloat16: 5.5 ms against 7.4 on one core), and the layout's
+        # alignment holds in the wider dtype, so the pieces stay slices.
+        # Done once where the replicas share one sum, before it is handed on.
+        if total.dtype != dtype:
+          return (_divided(total, num_replicas, dtype) if divide_after
+                  else tf.cast(total, dtype))
+        return total / tf.constant(num_replicas, dtype) if divide_after else total
+
+      totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)],
+                    final_op="Div" if in_ring else "Id", finish=finish)
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
-          # A compressed sum is widened whole, then unpacked: one cast of the
-          # bucket costs less than one per tensor (25.6 MB of gradients from
-          # bfloat16: 5.5 ms against 7.4 on one core), and the layout's
-          # alignment holds in the wider dtype, so the pieces stay slices.
-          if total.dtype != dtype:
-            total = (_divided(total, num_replicas, dtype) if divide_after
-                     else tf.cast(total, dtype))
-          elif divide_after:
-            total = total / tf.cast(num_replicas, dtype)
           pieces = packing.unpack(total, layout)
         for index, piece in zip(group, pieces):
           results[r][index] = piece

@@ -244,11 +244,14 @@ def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
     (3, 1, "BF16", False),  # the ring would round the quotient in bfloat16
     (2, 1, "FP16", False),  # divided before the sum, which could overflow
     (2, 2, "NONE", False),  # the ring divides by the workers, not the replicas
+    (2, 2, "BF16", False),
+    (1, 2, "NONE", False),  # one worker: no ring; the replicas' sum divided once
 ])
 def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
     num_workers, local, compression, divided_in_ring):
   """The ring's final op divides the share each worker reduces; no pass over
-  the whole sum follows. Elsewhere the sum is divided after the collective."""
+  the whole sum follows. Elsewhere the sum is divided after the collective,
+  once for all local replicas (before it is handed to each)."""
   workers = cluster.CollectiveKeys(num_workers=num_workers, worker_index=0, timeout_s=0)
   devices = ["/device:CPU:0"] * local
 
@@ -264,9 +267,9 @@ def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
   graph = fn.get_concrete_function().graph
   reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
   assert [op.get_attr("final_op") for op in reductions] == (
-      [b"Div"] if divided_in_ring else [b"Id"])
+      [] if num_workers == 1 else [b"Div"] if divided_in_ring else [b"Id"])
   divisions = [op for op in graph.get_operations() if op.type in ("RealDiv", "Div")]
-  assert bool(divisions) != divided_in_ring
+  assert len(divisions) == (0 if divided_in_ring else 1), divisions
 
 
 def test_one_worker_or_one_bucket_has_no_lanes():
