@@ -6,8 +6,11 @@ worker on 1, 2, 4 ... workers, each worker with cores/W intra-op threads.
 Each round is one job per W in which MWMS starts each worker's server, the
 replicator joins it, and the two train models of their own with their calls
 (five steps each) alternating: both share the job's luck. Prints examples/s
-(worker 0's median call) and the efficiency `examples/s(W) / (W x
-examples/s(1))` against our own 1-worker figure.
+(worker 0's median call; examples of every worker) and the efficiency
+`examples/s(W) / examples/s(1)` against our own 1-worker figure: each of W
+workers has 1/W of the cores, so its fair share is 1/W of what one worker with
+every core trains, and the issue's target (95% at 8 workers) reads "total
+examples/s divided by the 1-worker (16-thread) figure".
 
   python -m benchmarks.scaling [--workers 1,2] [--rounds 2] [--json out.json]
 """
@@ -142,9 +145,6 @@ def main():
 
 def _summary(best, rounds, counts, args) -> dict:
   """The JSON result: examples/s, ours / MWMS and the efficiency against 1 worker."""
-  single = best[f"ours, {counts[0]} workers"] / counts[0]
-  efficiency = {key: value / (int(key.split(", ")[1].split()[0]) * single)
-                for key, value in best.items()}
   return {"machine": common.machine(),
           "layers": _layers(args.scale), "batch_per_worker": args.batch,
           "pack_mb": args.pack_mb,
@@ -153,7 +153,20 @@ def _summary(best, rounds, counts, args) -> dict:
           # throughputs, so ours over MWMS (over 1: ours is faster)
           "ours / MWMS (each round)": common.ratio_by_workers(
               best, rounds, counts, "ours", "MWMS")[1],
-          "efficiency vs ours on 1 worker": efficiency}
+          EFFICIENCY: efficiency(best)}
+
+
+EFFICIENCY = "efficiency: examples/s over ours on the fewest workers (the same cores)"
+
+
+def efficiency(best: dict) -> dict:
+  """Each variant's examples/s over ours on the fewest workers of the run.
+
+  Every run splits the same cores among its W workers, so the ideal is 1 at
+  every W (not W: the workers do not bring cores of their own).
+  """
+  fewest = min(int(key.split(", ")[1].split()[0]) for key in best)
+  return {key: value / best[f"ours, {fewest} workers"] for key, value in best.items()}
 
 
 if __name__ == "__main__":
