@@ -12,7 +12,15 @@ workers has 1/W of the cores, so its fair share is 1/W of what one worker with
 every core trains, and the issue's target (95% at 8 workers) reads "total
 examples/s divided by the 1-worker (16-thread) figure".
 
-  python -m benchmarks.scaling [--workers 1,2] [--rounds 2] [--json out.json]
+  python -m benchmarks.scaling [--workers 1,2] [--rounds 2] [--batch 64]
+      [--json out.json]
+
+The batch sets how much a step computes against the same gradient: an MLP
+example costs 3 multiply-adds per parameter (forward and backward), a
+ResNet-50 image about 481 (12.3 G for 25.6 M parameters), so `--batch B`
+computes per byte of gradient what ResNet-50 does at B / 160 images per worker
+(`resnet50_images`): 64 is 0.4 of an image, 5120 about 32 (the large-minibatch
+recipe's batch per GPU, Goyal et al. 2017).
 """
 
 import argparse
@@ -154,6 +162,19 @@ def _summary(best, rounds, counts, args) -> dict:
           "ours / MWMS (each round)": common.ratio_by_workers(
               best, rounds, counts, "ours", "MWMS")[1],
           EFFICIENCY: efficiency(best)}
+
+
+# Multiply-adds per parameter and example, forward and backward: an MLP's 3
+# (one per weight forward, two backward); ResNet-50's 3 x 4.1 G per 224x224
+# image over its 25.56 M parameters.
+_MLP_MACS_PER_PARAMETER = 3
+_RESNET50_MACS_PER_PARAMETER = 3 * 4.1e9 / 25.56e6
+
+
+def resnet50_images(batch: int) -> float:
+  """The images per worker at which ResNet-50 computes, per byte of gradient,
+  what this MLP computes at `batch` examples."""
+  return batch * _MLP_MACS_PER_PARAMETER / _RESNET50_MACS_PER_PARAMETER
 
 
 EFFICIENCY = "efficiency: examples/s over ours on the fewest workers (the same cores)"
