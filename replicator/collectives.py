@@ -40,7 +40,8 @@ def _on_gpus(devices: Sequence[str]) -> bool:
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None, ordering_token=None,
-         final_op: str = "Id", finish=None) -> List[tf.Tensor]:
+         final_op: str = "Id", finish=None,
+         finish_on_each_device: bool = False) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
   Returns `finish(sum)` (the sum where `finish` is None) on each local
@@ -49,7 +50,8 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   is NCCL's all-reduce, finished on each GPU; elsewhere an `add_n`, then one
   collective between workers, whose ring applies `final_op` ("Div": the sum
   over the number of workers; see `_divided_in_ring`), finished once on the
-  first device and then handed to the others.
+  first device and then handed to the others (or, `finish_on_each_device`,
+  handed on and then finished on each).
   """
   finish = finish or (lambda total: total)
   if _on_gpus(devices) and (workers is None or workers.num_workers == 1) and not (
@@ -64,7 +66,10 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
       total = between_workers.across_workers(total, "Add", workers,
                                              ordering_token=ordering_token,
                                              final_op=final_op)
-    total = finish(total)
+    if not finish_on_each_device:
+      total = finish(total)
+  if finish_on_each_device:
+    return _on_devices(finish, spread(total, devices), devices)
   return spread(total, devices)
 
 
@@ -192,14 +197,17 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         # bucket costs less than one per tensor (25.6 MB of gradients from
         # bfloat16: 5.5 ms against 7.4 on one core), and the layout's
         # alignment holds in the wider dtype, so the pieces stay slices.
-        # Done once where the replicas share one sum, before it is handed on.
+        # Done once where the replicas share one sum, before it is handed on;
+        # after, on each GPU, where the narrow sum crosses between GPUs.
         if total.dtype != dtype:
           return (_divided(total, num_replicas, dtype) if divide_after
                   else tf.cast(total, dtype))
         return total / tf.constant(num_replicas, dtype) if divide_after else total
 
       totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)],
-                    final_op="Div" if in_ring else "Id", finish=finish)
+                    final_op="Div" if in_ring else "Id", finish=finish,
+                    finish_on_each_device=wire != dtype and any(
+                        "GPU" in device.upper() for device in devices[1:]))
       for r, (device, total) in enumerate(zip(devices, totals)):
         with tf.device(device):
           pieces = packing.unpack(total, layout)

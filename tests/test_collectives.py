@@ -272,6 +272,34 @@ def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
   assert len(divisions) == (0 if divided_in_ring else 1), divisions
 
 
+@pytest.mark.parametrize("kind,compression,widened_where", [
+    ("CPU", "BF16", ["CPU:0"]),  # once, then handed on (memory the devices share)
+    ("GPU", "BF16", ["GPU:0", "GPU:1"]),  # the narrow sum crosses, each GPU widens
+    ("GPU", "NONE", []),
+])
+def test_a_compressed_sum_is_widened_once_on_cpus_and_on_each_gpu(
+    kind, compression, widened_where):
+  """Traced only (no GPU runs here): where the casts back to float32 sit."""
+  workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
+  devices = [f"/device:{kind}:{i}" for i in range(2)]
+
+  @tf.function
+  def fn():
+    values = []
+    for device in devices:
+      with tf.device(device):
+        values.append([tf.constant(np.ones(10, np.float32)) for _ in range(3)])
+    return collectives.all_reduce(
+        values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
+            compression=replicator.Compression[compression]),
+        num_replicas=4, workers=workers)
+
+  graph = fn.get_concrete_function().graph
+  widened = sorted(op.device.split("device:")[-1] for op in graph.get_operations()
+                   if op.type == "Cast" and op.get_attr("SrcT") == tf.bfloat16)
+  assert widened == widened_where
+
+
 def test_one_worker_or_one_bucket_has_no_lanes():
   """Nothing to overlap: no tokens, the plain chain."""
   for num_workers, pack_bytes in ((1, 40), (2, 2**20)):
