@@ -188,8 +188,6 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
     iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
-    if self._new_variables is not None:  # made in repl.context() since the last run
-      self._new_variables.send()
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       keras_compat.install()  # Keras may have been imported since the constructor

@@ -129,8 +129,8 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
   (their number and a digest of their kinds, dtypes and ranks; then their
   static dims, where a dim unknown on a worker matches any), they raise
   `ProgramsDiffer`, with their keys aligned again for the steps that follow.
-  So do the `new_variables` the first run made: their number and a digest of
-  their dtypes and shapes.
+  So do the `new_variables` (made in the first run, or in `repl.context()`
+  since the last run): their number and a digest of their dtypes and shapes.
   """
   signatures = workers.signatures(issued_before)
   digest = _digest(f"{kind} {dtype} {None if dims is None else len(dims)}"
@@ -147,10 +147,10 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
     workers.issued = issued_before + most
   if (fewest_made, low_made) != (most_made, high_made):
     raise ProgramsDiffer(
-        f"step_fn: {context.name_of(step_fn)} made {len(made)} variable(s) in "
-        f"its first run on worker {workers.worker_index} "
-        f"({', '.join(made[:8])}{', ...' if len(made) > 8 else ''}) and other "
-        f"variables on other workers ({fewest_made} to {most_made}), so the "
+        f"step_fn: {context.name_of(step_fn)}: worker {workers.worker_index} made "
+        f"{len(made)} variable(s) in its first run or in repl.context() since "
+        f"the last run ({', '.join(made[:8])}{', ...' if len(made) > 8 else ''}), "
+        f"and the workers from {fewest_made} to {most_made} or other ones, so the "
         "chief's initial values cannot be given to every worker; each keeps its "
         f"own, and the step does not run. {_SAME_PROGRAM}", variables_differ=True)
   if fewest != most:

@@ -114,7 +114,8 @@ class CompiledStep:
     self._current = self._traced[signature]
     if new and self._workers is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
-      # Only after the check (one worker has nothing to send): the chief's
+      # Only after the check (one worker has nothing to send), with those
+      # made in repl.context() since the last run: the chief's
       # initial values travel in collectives whose keys follow the step's,
       # which workers that traced other programs do not share until the check
       # has realigned them (else both wait forever). Variables that differ
@@ -129,6 +130,8 @@ class CompiledStep:
         else:
           self._new_variables.send()
         raise
+      self._new_variables.send()
+    elif self._new_variables is not None:  # made in repl.context() since the last run
       self._new_variables.send()
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances

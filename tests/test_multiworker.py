@@ -454,10 +454,16 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     # the same in the trace that builds a model: the error, then the chief's values
     assert lines["LAZY"] == "LAZY ProgramsDiffer", out
     # a variable made on the chief alone: an error on each worker, nothing sent
-    assert (f"EXTRA step_fn: chief_variable_fn made {1 if w == 0 else 0} variable(s) "
-            f"in its first run on worker {w} ({'float32(2,)' if w == 0 else ''}) and "
-            "other variables on other workers (0 to 1)") in lines["EXTRA"], out
+    assert (f"EXTRA step_fn: chief_variable_fn: worker {w} made {1 if w == 0 else 0} "
+            "variable(s) in its first run or in repl.context() since the last run "
+            f"({'float32(2,)' if w == 0 else ''}), and the workers from 0 to 1 or "
+            "other ones") in lines["EXTRA"], out
     assert lines["EXTRA_THEN"] == "EXTRA_THEN [14.0, 14.0, 14.0]", out
+    # the same made in repl.context() before a new step (a raw shape error before)
+    assert (f"CONTEXT step_fn: context_fn: worker {w} made {1 if w == 0 else 0} "
+            "variable(s) in its first run or in repl.context() since the last run "
+            f"({'float32(3,)' if w == 0 else ''})") in lines["CONTEXT"], out
+    assert lines["CONTEXT_THEN"] == "CONTEXT_THEN [14.0, 14.0, 14.0]", out
     # as many collectives but other shapes: the error, and collectives still work
     # (listed as traced: the step's first, then the loop's check of `steps`)
     assert (f"SHAPES step_fn: shapes_fn traced collectives of other dtypes or shapes "

@@ -112,6 +112,20 @@ def main():
 
   print(f"EXTRA_THEN {repl.run(sum_fn).numpy()[0].tolist()}", flush=True)
 
+  if worker == 0:  # a variable made in repl.context() on the chief alone
+    with repl.context():
+      chief_only = tf.Variable(tf.fill([3], 7.0))
+
+  def context_fn():  # a new step: the check before its first call catches it
+    return repl.all_sum(v.read_value())
+
+  try:  # the chief would send 1 initial value and the other worker none
+    repl.run(context_fn)
+    print("CONTEXT ran", flush=True)
+  except ValueError as error:
+    print(f"CONTEXT {error}", flush=True)
+  print(f"CONTEXT_THEN {repl.run(sum_fn).numpy()[0].tolist()}", flush=True)
+
   def shapes_fn():  # as many collectives, of another shape on the chief
     return repl.all_sum(v.read_value()[:2] if worker == 0 else v.read_value())
 
