@@ -227,6 +227,16 @@ class Replicator:
           f"steps={steps}) and another worker asked for a different number of "
           f"steps, so {ran}. Every worker must call run with the same "
           "step_fn, input_fn and steps, in the same order.")
+    if int(status) == step_fetch.VARIABLES_DIFFER:  # (idem)
+      ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
+      made = [f"{v.dtype.name}{v.shape}" for v in compiled.variables_differ]
+      raise ValueError(
+          f"repl.context(): this worker made {len(made)} variable(s) since its "
+          f"last run ({', '.join(made[:8])}{', ...' if len(made) > 8 else ''}) "
+          "and another worker other ones, so the chief's initial values cannot "
+          "be given to every worker and each keeps its own; of "
+          f"run({context.name_of(step_fn)}, steps={steps}), {ran}. Every worker "
+          "must make the same variables in repl.context(), in the same order.")
     if completed < steps:
       uneven = int(status) == step_fetch.UNEVEN
       if uneven:

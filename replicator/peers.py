@@ -5,6 +5,7 @@ to start, then to give them the chief's initial values of new variables and to
 merge the counters of `Checkpointer` (its barrier, its agreement on a step).
 """
 
+import hashlib
 import numpy as np
 import tensorflow as tf
 
@@ -189,6 +190,21 @@ class NewVariables:
     if new:
       self._peers.send_initial_values(new, self._steps_completed())
 
-  def keep_each_workers(self):
-    """Leaves the pending variables as each worker made them (they differ)."""
+  def keep_each_workers(self) -> list:
+    """Leaves the pending variables as each worker made them (they differ).
+
+    Returns them.
+    """
+    kept = self.pending()
     self._sent = len(self._created)
+    return kept
+
+  def digest(self) -> int:
+    """0 where nothing is pending, else a digest of the pending variables'
+    number, dtypes and shapes (under 2**56): equal on every worker that made
+    the same."""
+    made = [f"{v.dtype.name}{v.shape}" for v in self.pending()]
+    if not made:
+      return 0
+    return 1 + int.from_bytes(hashlib.sha256(
+        "\n".join([str(len(made))] + made).encode()).digest()[:7], "big")

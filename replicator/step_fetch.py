@@ -18,6 +18,9 @@ OUT_OF_DATA = 0  # some replica, on some worker, has none
 UNEVEN = -1  # every replica has one, not all one size
 DONE = 2  # the loop ran the steps it was asked for
 STEPS_DIFFER = -2  # workers asked for different steps: none ran (one, if no input)
+# workers made different variables in repl.context() since their last run (as
+# STEPS_DIFFER: none ran, one if no input; nothing was sent)
+VARIABLES_DIFFER = -3
 
 
 def status_tensor(value: int) -> tf.Tensor:
@@ -150,7 +153,7 @@ class BatchFetcher:
       return None
     return leaf, static_size
 
-  def fetch(self, iterator, steps=None):
+  def fetch(self, iterator, steps=None, pending=None):
     """Takes one element per local replica: `(optionals, status)`.
 
     Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
@@ -164,8 +167,10 @@ class BatchFetcher:
     compared at run time only where the batch size is not static; between
     workers always, in the one collective that also says whether every worker
     got data, so that every worker runs the same collectives whatever its
-    dataset's shapes. Given `steps` (on several workers), that collective
-    also compares the workers' `steps`: STEPS_DIFFER where they differ.
+    dataset's shapes. Given `steps` and `pending` (on several workers), that
+    collective also compares the workers' `steps` (STEPS_DIFFER where they
+    differ) and the digests of the variables each made in `repl.context()`
+    since its last run (VARIABLES_DIFFER).
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
@@ -184,8 +189,8 @@ class BatchFetcher:
             for o in optionals])
       # min over workers of (got a batch, smallest size, -largest size)
       state = [tf.cast(got_all, tf.int64), tf.reduce_min(sizes), -tf.reduce_max(sizes)]
-      if steps is not None:  # and (min, -max) over workers of steps
-        state += [steps, -steps]
+      if steps is not None:  # and (min, -max) over workers of steps and pending
+        state += [steps, -steps, pending, -pending]
       state = between_workers.across_workers(tf.stack(state), "Min", self._workers)
       status = tf.where(
           state[0] > 0,
@@ -193,14 +198,19 @@ class BatchFetcher:
                    status_tensor(UNEVEN)),
           status_tensor(OUT_OF_DATA))
       if steps is not None:
+        status = tf.where(tf.equal(state[5], -state[6]), status,
+                          status_tensor(VARIABLES_DIFFER))
         status = tf.where(tf.equal(state[3], -state[4]), status,
                           status_tensor(STEPS_DIFFER))
     return optionals, status
 
-  def agree_on_steps(self, steps):
-    """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different ones."""
+  def agree_on_steps(self, steps, pending):
+    """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different
+    ones, 0 and VARIABLES_DIFFER where their `pending` digests differ."""
     with tf.device(self._devices[0]):
-      fewest, most = between_workers.min_and_max_across_workers(steps, self._workers)
+      fewest, most = between_workers.min_and_max_across_workers(
+          tf.stack([steps, pending]), self._workers)
       same = tf.equal(fewest, most)
-      return (tf.where(same, steps, tf.constant(0, tf.int64)),
-              tf.where(same, status_tensor(READY), status_tensor(STEPS_DIFFER)))
+      status = tf.where(same[1], status_tensor(READY), status_tensor(VARIABLES_DIFFER))
+      return (tf.where(tf.reduce_all(same), steps, tf.constant(0, tf.int64)),
+              tf.where(same[0], status, status_tensor(STEPS_DIFFER)))

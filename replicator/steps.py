@@ -90,6 +90,9 @@ class CompiledStep:
     self._creating = False  # while the real step is traced first (`_trace_first`)
     self._traced_output_spec = None  # step_fn's outputs in the last `_trace_step`
     self._current = None  # the _Traced of the call being run
+    # What the last call's VARIABLES_DIFFER left unsent: this worker's pending
+    # variables (repl.context()), for `Replicator.run`'s error.
+    self.variables_differ = []
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
@@ -112,8 +115,10 @@ class CompiledStep:
       self._traced[signature] = self._trace_first(iterator, args,
                                                   creating=not self._traced)
     self._current = self._traced[signature]
+    pending = tf.constant(0, tf.int64)
     if new and self._workers is not None:
-      self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args)
+      self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
+                                       pending)
       # Only after the check (one worker has nothing to send), with those
       # made in repl.context() since the last run: the chief's
       # initial values travel in collectives whose keys follow the step's,
@@ -132,7 +137,11 @@ class CompiledStep:
         raise
       self._new_variables.send()
     elif self._new_variables is not None:  # made in repl.context() since the last run
-      self._new_variables.send()
+      # This step was traced before they existed, so it cannot use them: the
+      # loop's comparison of `steps` also compares them, and they travel after
+      # the call, only where every worker made the same (else the workers
+      # that made none would never join the collectives that send them).
+      pending = tf.constant(self._new_variables.digest(), tf.int64)
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
     # whatever `steps` each call asks for. So does every step on several
@@ -144,7 +153,12 @@ class CompiledStep:
       completed, tensors, status = self._single(iterator, args)
     else:
       completed, tensors, status = self._loop(
-          iterator, tf.constant(steps, tf.int64), args)
+          iterator, tf.constant(steps, tf.int64), args, pending)
+      if self._new_variables is not None and self._new_variables.pending():
+        if int(status) == step_fetch.VARIABLES_DIFFER:
+          self.variables_differ = self._new_variables.keep_each_workers()
+        elif int(status) != step_fetch.STEPS_DIFFER:
+          self._new_variables.send()
     return completed, self._with_nones(tensors), status
 
   def _with_nones(self, tensors):
@@ -280,7 +294,7 @@ class CompiledStep:
     step_errors.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
     return completed, outputs, step_fetch.why_stopped(status)
 
-  def _trace_loop(self, iterator, steps, args):
+  def _trace_loop(self, iterator, steps, args, pending):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
 
     The next step's batches are fetched at the end of each iteration and
@@ -289,7 +303,8 @@ class CompiledStep:
     would switch every variable the step touches, on every replica, per step).
     They are fetched only if a next step is due, so no element is lost.
     Returns `(completed, outputs, status)`: status is why the loop stopped
-    (READY when it ran every step).
+    (READY when it ran every step). On several workers the workers compare
+    `steps` and `pending` (`peers.NewVariables.digest`) first.
     """
     n = len(self._devices)
     zero = tf.constant(0, tf.int64)
@@ -308,7 +323,7 @@ class CompiledStep:
         outputs = self._replicated_step([None] * n, args)
         if self._workers is not None:
           agreed, status = tf.cond(
-              tf.equal(i, 0), lambda: self._fetcher.agree_on_steps(steps),
+              tf.equal(i, 0), lambda: self._fetcher.agree_on_steps(steps, pending),
               lambda: (agreed, status))
         return i + 1, agreed, status, outputs
 
@@ -336,7 +351,7 @@ class CompiledStep:
         return i + 1, optionals, status, outputs
 
       optionals, status = self._fetcher.fetch(
-          iterator, steps if self._workers is not None else None)
+          iterator, *((steps, pending) if self._workers is not None else ()))
       completed, _, status, outputs = tf.while_loop(
           lambda i, optionals, status, outputs: step_fetch.is_ready(status), body,
           (zero, optionals, status, self._initial_outputs()),

@@ -464,11 +464,18 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
             "variable(s) in its first run or in repl.context() since the last run "
             f"({'float32(3,)' if w == 0 else ''})") in lines["CONTEXT"], out
     assert lines["CONTEXT_THEN"] == "CONTEXT_THEN [14.0, 14.0, 14.0]", out
+    # ... and before a step traced before: compared in its call, an error on each
+    assert (f"CONTEXT_OLD repl.context(): this worker made {1 if w == 0 else 0} "
+            f"variable(s) since its last run ({'float32(4,)' if w == 0 else ''}) and "
+            "another worker other ones") in lines["CONTEXT_OLD"], out
+    assert "of run(sum_fn, steps=1), only the first step ran" in lines["CONTEXT_OLD"], out
+    # the same variables everywhere, then a step traced before: sent after it
+    assert lines["CONTEXT_SHARED"] == "CONTEXT_SHARED [14.0, 14.0, 14.0] [10.0, 10.0]", out
     # as many collectives but other shapes: the error, and collectives still work
     # (listed as traced: the step's first, then the loop's check of `steps`)
     assert (f"SHAPES step_fn: shapes_fn traced collectives of other dtypes or shapes "
             f"on other workers (this worker, {w}: Add float32[{2 if w == 0 else 3}]; "
-            "Min int64[2])") in lines["SHAPES"], out
+            "Min int64[2, 2])") in lines["SHAPES"], out
     assert lines["STILL"] == "STILL [16.0, 16.0, 16.0]", out
     # a batch dim static on one worker and not the other: not another program
     assert lines["MIXED"] == "MIXED [0.0, 1.0, 10.0, 11.0] [10.0, 12.0]", out

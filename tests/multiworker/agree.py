@@ -125,6 +125,18 @@ def main():
   except ValueError as error:
     print(f"CONTEXT {error}", flush=True)
   print(f"CONTEXT_THEN {repl.run(sum_fn).numpy()[0].tolist()}", flush=True)
+  if worker == 0:  # the same before a step traced before (a hang before)
+    with repl.context():
+      chief_only = tf.Variable(tf.fill([4], 7.0))
+  try:
+    repl.run(sum_fn)
+    print("CONTEXT_OLD ran", flush=True)
+  except ValueError as error:
+    print(f"CONTEXT_OLD {error}", flush=True)
+  with repl.context():  # the same variables on every worker: the chief's values
+    shared = tf.Variable(tf.fill([2], 10.0 + worker))
+  print(f"CONTEXT_SHARED {repl.run(sum_fn).numpy()[0].tolist()} "
+        f"{shared.numpy().tolist()}", flush=True)
 
   def shapes_fn():  # as many collectives, of another shape on the chief
     return repl.all_sum(v.read_value()[:2] if worker == 0 else v.read_value())
