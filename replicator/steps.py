@@ -93,6 +93,7 @@ class CompiledStep:
     # What the last call's VARIABLES_DIFFER left unsent: this worker's pending
     # variables (repl.context()), for `Replicator.run`'s error.
     self.variables_differ = []
+    self._no_pending = tf.constant(0, tf.int64)  # the loop's `pending` on most calls
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
@@ -115,10 +116,10 @@ class CompiledStep:
       self._traced[signature] = self._trace_first(iterator, args,
                                                   creating=not self._traced)
     self._current = self._traced[signature]
-    pending = tf.constant(0, tf.int64)
+    pending = 0  # the digest of variables to send after the call (none)
     if new and self._workers is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
-                                       pending)
+                                       self._no_pending)
       # Only after the check (one worker has nothing to send), with those
       # made in repl.context() since the last run: the chief's
       # initial values travel in collectives whose keys follow the step's,
@@ -141,7 +142,7 @@ class CompiledStep:
       # loop's comparison of `steps` also compares them, and they travel after
       # the call, only where every worker made the same (else the workers
       # that made none would never join the collectives that send them).
-      pending = tf.constant(self._new_variables.digest(), tf.int64)
+      pending = self._new_variables.digest()
     # The common case, without the loop's per-call overhead; a step that
     # draws random numbers always runs in the loop, so one stream advances
     # whatever `steps` each call asks for. So does every step on several
@@ -153,7 +154,8 @@ class CompiledStep:
       completed, tensors, status = self._single(iterator, args)
     else:
       completed, tensors, status = self._loop(
-          iterator, tf.constant(steps, tf.int64), args, pending)
+          iterator, tf.constant(steps, tf.int64), args,
+          tf.constant(pending, tf.int64) if pending else self._no_pending)
       if self._new_variables is not None and self._new_variables.pending():
         if int(status) == step_fetch.VARIABLES_DIFFER:
           self.variables_differ = self._new_variables.keep_each_workers()
