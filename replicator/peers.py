@@ -6,6 +6,7 @@ merge the counters of `Checkpointer` (its barrier, its agreement on a step).
 """
 
 import hashlib
+
 import numpy as np
 import tensorflow as tf
 
