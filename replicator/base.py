@@ -220,19 +220,19 @@ class Replicator:
     self._steps_completed += completed
     if input_fn is not None:
       self._inputs.count_steps(input_fn, completed)
-    if int(status) == step_fetch.STEPS_DIFFER:  # without input, after the first step
-      ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
+    # Where the workers differ (without input, after the first step):
+    ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
+    if int(status) == step_fetch.STEPS_DIFFER:
       raise ValueError(
           f"steps: this worker called run({context.name_of(step_fn)}, "
           f"steps={steps}) and another worker asked for a different number of "
           f"steps, so {ran}. Every worker must call run with the same "
           "step_fn, input_fn and steps, in the same order.")
-    if int(status) == step_fetch.VARIABLES_DIFFER:  # (idem)
-      ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
-      made = [f"{v.dtype.name}{v.shape}" for v in compiled.variables_differ]
+    if int(status) == step_fetch.VARIABLES_DIFFER:
+      made = peers.variable_kinds(compiled.variables_differ)
       raise ValueError(
           f"repl.context(): this worker made {len(made)} variable(s) since its "
-          f"last run ({', '.join(made[:8])}{', ...' if len(made) > 8 else ''}) "
+          f"last run ({peers.listed(made)}) "
           "and another worker other ones, so the chief's initial values cannot "
           "be given to every worker and each keeps its own; of "
           f"run({context.name_of(step_fn)}, steps={steps}), {ran}. Every worker "

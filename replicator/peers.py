@@ -163,6 +163,21 @@ class Peers:
       self._heartbeat.stop()
 
 
+def variable_kinds(variables) -> list:
+  """Each variable's dtype and shape, as workers compare them ("float32(2,)")."""
+  return [f"{v.dtype.name}{v.shape}" for v in variables]
+
+
+def listed(kinds) -> str:
+  """`kinds` for an error message: the first 8, then "..."."""
+  return ", ".join(kinds[:8]) + (", ..." if len(kinds) > 8 else "")
+
+
+def digest(lines) -> int:
+  """A digest of `lines` (strings) under 2**56, the same in every process."""
+  return int.from_bytes(hashlib.sha256("\n".join(lines).encode()).digest()[:7], "big")
+
+
 class NewVariables:
   """The variables a replicator made since the chief's values were last sent.
 
@@ -204,8 +219,5 @@ class NewVariables:
     """0 where nothing is pending, else a digest of the pending variables'
     number, dtypes and shapes (under 2**56): equal on every worker that made
     the same."""
-    made = [f"{v.dtype.name}{v.shape}" for v in self.pending()]
-    if not made:
-      return 0
-    return 1 + int.from_bytes(hashlib.sha256(
-        "\n".join([str(len(made))] + made).encode()).digest()[:7], "big")
+    made = variable_kinds(self.pending())
+    return 1 + digest([str(len(made))] + made) if made else 0

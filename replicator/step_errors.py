@@ -7,13 +7,13 @@ found on the traced step, or recognized in TensorFlow's error, and explained in
 terms of step_fn.
 """
 
-import hashlib
 import re
 
 import tensorflow as tf
 
 from replicator import between_workers
 from replicator import context
+from replicator import peers
 from replicator import variable_registry
 from replicator import variables
 
@@ -114,10 +114,6 @@ class ProgramsDiffer(ValueError):
     self.variables_differ = variables_differ
 
 
-def _digest(lines) -> int:
-  return int.from_bytes(hashlib.sha256("\n".join(lines).encode()).digest()[:7], "big")
-
-
 def check_same_program(step_fn, workers, device: str, issued_before: int,
                        new_variables=()):
   """On several workers: raises unless every worker traced the same collectives.
@@ -133,12 +129,12 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
   since the last run): their number and a digest of their dtypes and shapes.
   """
   signatures = workers.signatures(issued_before)
-  digest = _digest(f"{kind} {dtype} {None if dims is None else len(dims)}"
+  digest = peers.digest(f"{kind} {dtype} {None if dims is None else len(dims)}"
                    for kind, dtype, dims in filter(None, signatures))
-  made = [f"{v.dtype.name}{v.shape}" for v in new_variables]
+  made = peers.variable_kinds(new_variables)
   min_and_max = lambda values: between_workers.checked_min_and_max(values, workers, device)
   low, high = min_and_max([len(signatures), digest, workers.shape_slots,
-                           len(made), _digest(made)])
+                           len(made), peers.digest(made)])
   (fewest, low_digest, _, fewest_made, low_made) = low
   (most, high_digest, most_slots, most_made, high_made) = high
   # Where this raises, the counters move on to the furthest worker's.
@@ -149,7 +145,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
     raise ProgramsDiffer(
         f"step_fn: {context.name_of(step_fn)}: worker {workers.worker_index} made "
         f"{len(made)} variable(s) in its first run or in repl.context() since "
-        f"the last run ({', '.join(made[:8])}{', ...' if len(made) > 8 else ''}), "
+        f"the last run ({peers.listed(made)}), "
         f"and the workers from {fewest_made} to {most_made} or other ones, so the "
         "chief's initial values cannot be given to every worker; each keeps its "
         f"own, and the step does not run. {_SAME_PROGRAM}", variables_differ=True)
