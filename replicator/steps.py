@@ -55,6 +55,37 @@ def _draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
   return False
 
 
+# The gate's op (`CompiledStep._gate`): its OutOfRangeError means the data ran out.
+_RAN_OUT = "replicator_input_ran_out"
+_GATE_SPEC = tf.TensorSpec([], tf.int64)
+
+
+def _open() -> tf.Tensor:
+  return tf.constant(0, tf.int64)  # the gate where nothing is held
+
+
+# Stateful ops that only read: they may run before the gate.
+_READS = frozenset({"ReadVariableOp", "VarHandleOp", "VarIsInitializedOp",
+                    "VariableShape", "ResourceGather", "ResourceGatherNd",
+                    "Placeholder"})
+
+
+def _hold_effects(ops, gate: tf.Tensor):
+  """Makes every op in `ops` with effects (a write, a random draw, a print,
+  a collective, a `tf.cond` holding any) wait for `gate`, one copy of it
+  per device. Ops that compute, or read, may run before it.
+  """
+  held = {}
+  for op in ops:
+    if op.type in _READS or not op.op_def.is_stateful:
+      continue
+    device = op.device
+    if device not in held:
+      with tf.device(device):
+        held[device] = tf.identity(gate).op
+    op._add_control_inputs([held[device]])  # pylint: disable=protected-access
+
+
 class _Traced:
   """What one trace of step_fn (one signature of its `args`) found."""
 
@@ -94,6 +125,7 @@ class CompiledStep:
     # variables (repl.context()), for `Replicator.run`'s error.
     self.variables_differ = []
     self._no_pending = tf.constant(0, tf.int64)  # the loop's `pending` on most calls
+    self._empty = None  # an iterator over nothing (`_gate`)
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
@@ -151,7 +183,12 @@ class CompiledStep:
     # are told apart by iteration, so workers running different numbers of
     # steps would wait for each other forever).
     if steps == 1 and not self._current.draws_random and self._workers is None:
-      completed, tensors, status = self._single(iterator, args)
+      try:
+        completed, tensors, status = self._single(iterator, args)
+      except tf.errors.OutOfRangeError as error:
+        if _RAN_OUT not in (error.message or ""):
+          raise  # step_fn's own
+        completed, tensors, status = 0, self._initial_outputs(), step_fetch.OUT_OF_DATA
     else:
       completed, tensors, status = self._loop(
           iterator, tf.constant(steps, tf.int64), args,
@@ -228,7 +265,7 @@ class CompiledStep:
     try:
       with self._factory.creating() if creating else contextlib.nullcontext(set()) \
           as initializers:
-        concrete = self._replicated_step.get_concrete_function(batches, args)
+        concrete = self._replicated_step.get_concrete_function(batches, args, _GATE_SPEC)
     except op_selector.UnliftableError as error:
       raise step_errors.data_dependent_initializer(error, self._step_fn) from error
     finally:
@@ -244,14 +281,21 @@ class CompiledStep:
           step_fn, tf.__internal__.autograph.control_status_ctx())(*inputs)
     return call
 
-  def _trace_step(self, batches, args):
+  def _trace_step(self, batches, args, gate):
+    """Every replica's step; nothing of it that has effects runs before `gate`.
+
+    (`gate` is an int64 scalar: `_trace_single`'s raises where the data ran out.)
+    """
     step_fn = self._converted_in_function()
     args = step_args.dereference(args)
     per_replica = [((step_fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
     with autograph_rules.while_tracing():
       outputs = self._group().run(
           step_fn, per_replica, self._replica_scope(creating=self._creating))
+    _hold_effects(graph.get_operations()[before:], gate)
     outputs = [step_errors.check_outputs(o, self._step_fn) for o in outputs]
     self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
     leaves = [tf.nest.flatten(o) for o in outputs]
@@ -281,9 +325,30 @@ class CompiledStep:
                  for spec in self._current.tensor_specs)
 
   def _trace_single(self, iterator, args):
+    """One step, run only if every replica got its batch.
+
+    Where running out of data is the one way to stop (a bool status), the
+    step is called after a gate that raises `OutOfRangeError` (caught in
+    `__call__`) when the data ran out, and its ops with effects wait for the
+    gate (`_hold_effects`): the step's variables need no `Switch` each, as they
+    do inside a `tf.cond` (Sonnet's ResNet-50 on 2 replicas: 13.7k nodes for
+    Grappler instead of 17.7k, the first step 15-18% sooner). An OutOfRange is
+    the error TensorFlow logs least (on several devices, INFO lines of
+    cancelled receives), and an empty iterator's `get_next` the cheapest op
+    that raises it. Where batch sizes are compared at run time, the status
+    says why the step did not run, and the step runs in a `tf.cond`.
+    """
     n = len(self._devices)
     if iterator is None:
-      outputs = self._replicated_step([None] * n, args)
+      outputs = self._replicated_step([None] * n, args, _open())
+      completed = tf.constant(1, tf.int64)
+      status = step_fetch.status_tensor(step_fetch.READY)
+    elif self._fetcher.sizes_to_compare(iterator.element_spec) is None:
+      optionals, ready = self._fetcher.fetch(iterator)
+      gate = self._gate(ready)
+      with tf.control_dependencies([gate]):  # (the batches wait too)
+        batches = [(o.get_value(),) for o in optionals]
+      outputs = self._replicated_step(batches, args, gate)
       completed = tf.constant(1, tf.int64)
       status = step_fetch.status_tensor(step_fetch.READY)
     else:
@@ -291,10 +356,20 @@ class CompiledStep:
       completed, outputs = tf.cond(
           step_fetch.is_ready(status),
           lambda: (tf.constant(1, tf.int64), self._replicated_step(
-              [(o.get_value(),) for o in optionals], args)),
+              [(o.get_value(),) for o in optionals], args, _open())),
           lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
     step_errors.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
     return completed, outputs, step_fetch.why_stopped(status)
+
+  def _gate(self, ready: tf.Tensor) -> tf.Tensor:
+    """A tensor that raises `OutOfRangeError` (from an op in `_RAN_OUT`) unless `ready`."""
+    if self._empty is None:
+      with tf.init_scope(), tf.device("/cpu:0"):
+        self._empty = iter(tf.data.Dataset.range(0))
+    def ran_out():
+      with tf.name_scope(_RAN_OUT):
+        return self._empty.get_next()
+    return tf.cond(ready, lambda: tf.constant(0, tf.int64), ran_out)
 
   def _trace_loop(self, iterator, steps, args, pending):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
@@ -322,7 +397,7 @@ class CompiledStep:
       # of a 45 ms all-reduce call at 2 workers, 5-8 of 120 at 4). Where they
       # differ, the first step has run everywhere and STEPS_DIFFER stops them.
       def body(i, agreed, status, unused_outputs):
-        outputs = self._replicated_step([None] * n, args)
+        outputs = self._replicated_step([None] * n, args, _open())
         if self._workers is not None:
           agreed, status = tf.cond(
               tf.equal(i, 0), lambda: self._fetcher.agree_on_steps(steps, pending),
@@ -348,7 +423,8 @@ class CompiledStep:
                        lambda: (empty, done))
 
       def body(i, optionals, unused_status, unused_outputs):
-        outputs = self._replicated_step([(o.get_value(),) for o in optionals], args)
+        outputs = self._replicated_step([(o.get_value(),) for o in optionals], args,
+                                        _open())
         optionals, status = fetch_if_due(i + 1)
         return i + 1, optionals, status, outputs
 

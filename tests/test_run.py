@@ -99,6 +99,61 @@ def test_finite_input_stops_every_replica_at_the_same_step(name):
 
 
 @pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
+def test_a_step_that_finds_no_data_changes_nothing(name):
+  # One step a call is gated, not wrapped in a tf.cond: effects that do not
+  # depend on the batch (a constant added, a value from the variable alone)
+  # must still wait until every replica is known to have its batch.
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+
+  def input_fn(ctx):  # 3 steps
+    return tf.data.Dataset.range(3 * n * 2).map(lambda i: tf.cast(i, tf.float32)).batch(
+        ctx.per_replica_batch_size(2 * n), drop_remainder=True)
+
+  with repl.context():
+    counter = tf.Variable(0, dtype=tf.int64)
+    doubled = tf.Variable(1.0)
+    seen = tf.Variable(0.0)
+
+  def step_fn(batch):
+    counter.assign_add(1)
+    doubled.assign(doubled + tf.ones_like(doubled) * doubled)
+    seen.assign_add(tf.reduce_sum(batch))
+    return counter.read_value()
+
+  for _ in range(3):
+    repl.run(step_fn, input_fn)
+  for _ in range(2):
+    with pytest.raises(replicator.InputExhausted) as info:
+      repl.run(step_fn, input_fn)
+    assert info.value.steps_completed == 0 and info.value.outputs is None
+  assert int(counter) == 3 and float(doubled) == 8.0
+  # each step adds the mean over replicas of their batch sums
+  assert float(seen) == sum(range(3 * n * 2)) / n
+  repl.assert_replicas_in_sync([counter, doubled, seen])
+  repl.reset_input(input_fn)
+  np.testing.assert_array_equal(repl.run(step_fn, input_fn).numpy(), [4] * n)
+
+
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+def test_step_fns_own_out_of_range_error_is_not_taken_for_the_end_of_input(name):
+  repl = catalogue.make(name)
+  with repl.context():
+    total = tf.Variable(0.0)
+  empty = iter(tf.data.Dataset.range(0))
+
+  def step_fn(batch):
+    total.assign_add(tf.reduce_sum(batch) + tf.cast(next(empty), tf.float32))
+
+  input_fn = lambda ctx: tf.data.Dataset.range(8).map(
+      lambda i: tf.cast(i, tf.float32)).batch(2, drop_remainder=True)
+  with pytest.raises(tf.errors.OutOfRangeError) as info:
+    repl.run(step_fn, input_fn)
+  assert not isinstance(info.value, replicator.InputExhausted)
+  assert float(total) == 0.0
+
+
+@pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
 def test_a_step_that_returns_nothing_or_none_leaves(name):
   repl = catalogue.make(name)
   n = repl.num_replicas
