@@ -64,20 +64,16 @@ def _open() -> tf.Tensor:
   return tf.constant(0, tf.int64)  # the gate where nothing is held
 
 
-# Stateful ops that only read: they may run before the gate.
-_READS = frozenset({"ReadVariableOp", "VarHandleOp", "VarIsInitializedOp",
-                    "VariableShape", "ResourceGather", "ResourceGatherNd",
-                    "Placeholder"})
-
-
 def _hold_effects(ops, gate: tf.Tensor):
-  """Makes every op in `ops` with effects (a write, a random draw, a print,
-  a collective, a `tf.cond` holding any) wait for `gate`, one copy of it
-  per device. Ops that compute, or read, may run before it.
+  """Makes every op in `ops` that has effects wait for `gate`.
+
+  Effects: a write, a random draw, a print, a collective, a `tf.cond` that
+  holds any. Ops that compute, or read, may run before it. One copy of the
+  gate per device.
   """
   held = {}
   for op in ops:
-    if op.type in _READS or not op.op_def.is_stateful:
+    if op.type in variable_creation.READS or not op.op_def.is_stateful:
       continue
     device = op.device
     if device not in held:

@@ -213,7 +213,7 @@ class VariableFactory:
 
 
 # Ops that take a variable's handle and do not change it.
-_READS = frozenset({"ReadVariableOp", "VarIsInitializedOp", "VariableShape",
+READS = frozenset({"ReadVariableOp", "VarIsInitializedOp", "VariableShape",
                     "ResourceGather", "ResourceGatherNd"})
 
 
@@ -234,7 +234,7 @@ def _drop_orderings_added_later(variable, subgraph: frozenset, initializers: fro
     if not later:
       continue
     for control in later:
-      if control.type not in _READS and any(id(t) in handles for t in control.inputs):
+      if control.type not in READS and any(id(t) in handles for t in control.inputs):
         raise ValueError(
             f"step_fn creates the variable {variable.name!r} from a value that "
             "depends on what the step did before (it reads a variable that "
