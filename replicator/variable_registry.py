@@ -12,8 +12,10 @@ import tensorflow as tf
 
 # Every per-replica copy made here; a step may only touch variables in it.
 _components = weakref.WeakValueDictionary()
-# id -> local replica index of each copy of a ReplicatedVariable.
-_copy_indices = {}
+# id -> (id of its ReplicatedVariable, local replica index) of each copy.
+_copies = {}
+# id of each copy's handle -> the copy (what a step captured -> whose copy).
+_by_handle = weakref.WeakValueDictionary()
 
 
 _local = threading.local()
@@ -33,15 +35,25 @@ def component_handles() -> set:
   return {id(variable.handle) for variable in list(_components.values())}
 
 
-def register_copy(variable: tf.Variable, index: int) -> None:
-  """Records `variable` as local replica `index`'s copy of a replicated one."""
+def register_copy(variable: tf.Variable, index: int, owner) -> None:
+  """Records `variable` as local replica `index`'s copy of `owner`."""
   _components[id(variable)] = variable
-  _copy_indices[id(variable)] = index
+  _copies[id(variable)] = (id(owner), index)
+  _by_handle[id(variable.handle)] = variable
 
 
 def copy_index(variable):
   """The local replica a copy of a `ReplicatedVariable` belongs to (else None)."""
-  return _copy_indices.get(id(variable)) if is_component(variable) else None
+  return _copies[id(variable)][1] if is_component(variable) and id(variable) in _copies else None
+
+
+def copy_of_handle(handle):
+  """`(id of the ReplicatedVariable, local replica index)` of the copy whose
+  resource handle is `handle`; None for any other handle."""
+  variable = _by_handle.get(id(handle))
+  if variable is None or variable.handle is not handle or id(variable) not in _copies:
+    return None
+  return _copies[id(variable)]
 
 
 @contextlib.contextmanager

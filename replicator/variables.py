@@ -20,6 +20,7 @@ from replicator import collectives
 from replicator import context
 from replicator import gathering
 from replicator import reduce_options
+from replicator import same_values
 from replicator import variable_registry
 
 _Aggregation = tf.VariableAggregation
@@ -49,7 +50,7 @@ class ReplicatedVariable(tf.Variable):
     # total once per replica, so the replicas' changes are summed instead.
     self._sums_changes = (self._reduce_op is reduce_options.ReduceOp.SUM and
                           primary.synchronization == tf.VariableSynchronization.ON_READ)
-    variable_registry.register_copy(primary, 0)
+    variable_registry.register_copy(primary, 0, self)
 
   def _materialize(self):
     """Creates the copies of replicas 1.. from the (initialized) primary."""
@@ -71,7 +72,7 @@ class ReplicatedVariable(tf.Variable):
             copy = resource_variable_ops.ResourceVariable(
                 value, trainable=primary.trainable, dtype=primary.dtype,
                 shape=primary.shape, name=name)
-        variable_registry.register_copy(copy, len(self._vars))
+        variable_registry.register_copy(copy, len(self._vars), self)
         self._vars.append(copy)
 
   def _should_act_as_resource_variable(self):
@@ -192,6 +193,9 @@ class ReplicatedVariable(tf.Variable):
       merge = lambda values: collectives.all_reduce(
           values, op, group.devices, num_replicas=group.num_replicas,
           workers=group.workers)
+    if op is not reduce_options.ReduceOp.SUM and group.workers is None:
+      # a mean, or the first replica's value, of one value is that value
+      merge = _unless_the_same(merge)
     return replica.collective(f"an update of variable {self.name}", [value],
                               merge)[0]
 
@@ -331,6 +335,17 @@ class ReplicatedVariable(tf.Variable):
     """A SavedModel holds it as one plain variable (the first copy's value)."""
     resource_variable_ops.write_object_proto_for_resource_variable(
         self, proto, options)
+
+
+def _unless_the_same(merge):
+  """`merge`, but where every local replica's value is the same bits (see
+  `same_values`), each replica keeps its own."""
+  def merge_unless_the_same(values):
+    if same_values.same_on_every_replica([replica[0] for replica in values],
+                                         variable_registry.copy_of_handle):
+      return values
+    return merge(values)
+  return merge_unless_the_same
 
 
 tensor_conversion_registry.register_tensor_conversion_function(

@@ -7,7 +7,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # A module may import only modules of a lower layer.
 LAYERS = {
-    "_tf_check": 0, "mesh": 0, "autograph_rules": 0,
+    "_tf_check": 0, "mesh": 0, "autograph_rules": 0, "same_values": 0,
     "between_workers": 1, "cluster": 1, "packing": 1, "reduce_options": 1,
     "collectives": 2,
     "context": 3, "gathering": 3, "peers": 3, "variable_registry": 3,

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import catalogue
 import replicator
+from replicator import collectives
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)
@@ -62,6 +63,43 @@ def test_float_assignments_average_and_integers_advance_once(name):
   for copy in total.replicas:
     assert copy.numpy() == np.sum(np.arange(n))
   repl.assert_replicas_in_sync([stat, counter, total])
+
+
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_updates_every_replica_computes_alike_are_not_aggregated(name, monkeypatch):
+  # snt.BatchNorm's step counter and debiased average are such: each replica
+  # keeps its own value, which is every replica's; what differs is still averaged.
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  merges = []
+  for kind in ("all_reduce", "broadcast"):
+    real = getattr(collectives, kind)
+    monkeypatch.setattr(collectives, kind, lambda *a, real=real, kind=kind, **k: (
+        merges.append(kind), real(*a, **k))[1])
+  with repl.context():
+    counter = tf.Variable(0, dtype=tf.int64)
+    scaled = tf.Variable(1.0)
+    hidden = tf.Variable([0.5, 0.25])
+    debiased = tf.Variable([0.0, 0.0])
+    per_replica = tf.Variable(tf.zeros([3]))
+    from_sum = tf.Variable(0.0)
+
+  def step_fn():
+    counter.assign_add(1)
+    scaled.assign(scaled * 2.0 + tf.cast(counter, tf.float32))
+    debiased.assign(hidden / (1.0 - tf.pow(0.9, tf.cast(counter, tf.float32))))
+    per_replica.assign(tf.fill([3], tf.cast(repl.replica_id, tf.float32)))
+    from_sum.assign(repl.all_sum(tf.cast(repl.replica_id, tf.float32)))
+
+  repl.run(step_fn, steps=3)
+  # one for the all_sum, one for per_replica's mean; none for the others
+  assert sorted(merges) == ["all_reduce", "all_reduce"]
+  assert int(counter) == 3 and float(scaled) == 19.0  # 1 -> 3 -> 8 -> 19
+  np.testing.assert_allclose(debiased.numpy(), np.array([0.5, 0.25]) / (1 - 0.9 ** 3),
+                             rtol=1e-6)
+  np.testing.assert_allclose(per_replica.numpy(), [np.mean(np.arange(n))] * 3)
+  assert float(from_sum) == np.sum(np.arange(n))
+  repl.assert_replicas_in_sync([counter, scaled, debiased, per_replica, from_sum])
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)
