@@ -362,6 +362,7 @@ class CompiledStep:
     if self._empty is None:
       with tf.init_scope(), tf.device("/cpu:0"):
         self._empty = iter(tf.data.Dataset.range(0))
+
     def ran_out():
       with tf.name_scope(_RAN_OUT):
         return self._empty.get_next()
