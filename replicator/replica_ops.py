@@ -54,31 +54,52 @@ def _collective(method, value, merge_fn, grad_fn, single_fn=lambda flat: flat):
     return tf.nest.pack_sequence_as(value, single_fn(flat))
   name = f"{method} of {len(flat)} tensor(s)"
   merge = lambda values: merge_fn(values, replica.group)
+  if not any(x.dtype.is_floating for x in flat):
+    return tf.nest.pack_sequence_as(value, replica.collective(name, flat, merge))
 
   def forward(*inputs):
-    outputs = replica.collective(name, list(inputs), merge)
+    return replica.collective(name, list(inputs), merge)
+
+  return tf.nest.pack_sequence_as(
+      value, with_summed_gradient(name, forward, flat, grad_fn))
+
+
+def with_summed_gradient(name: str, forward, inputs: List[tf.Tensor], grad_fn):
+  """`forward(*inputs)`'s outputs, differentiated by `grad_fn` alone.
+
+  For a computation across replicas (one that holds collectives): its
+  outputs' upstream gradients are summed over every replica first, in one
+  collective, and `grad_fn(xs, ys, summed_dys, replica)` gets this replica's
+  float inputs, its float outputs and their sums, and returns the float
+  inputs' gradients (it may run collectives of its own, every
+  replica in the same order). What `forward` computes in between is never
+  differentiated.
+  """
+  replica = current_replica(name)
+
+  def forward_and_backward(*xs):
+    outputs = forward(*xs)
 
     def backward(*upstream):
       upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
                   for dy, y in zip(upstream, outputs)]
-      floats = [i for i, x in enumerate(inputs) if x.dtype.is_floating]
+      floats = [i for i, x in enumerate(xs) if x.dtype.is_floating]
+      float_outputs = [y for y in outputs if y.dtype.is_floating]
       summed = replica.collective(
-          f"the gradient of {name}", [upstream[i] for i in floats],
+          f"the gradient of {name}",
+          [dy for dy, y in zip(upstream, outputs) if y.dtype.is_floating],
           lambda values: collectives.all_reduce(
               values, reduce_options.ReduceOp.SUM, replica.group.devices,
               num_replicas=replica.group.num_replicas, workers=replica.group.workers))
-      grads = [None] * len(inputs)
-      float_grads = grad_fn([inputs[i] for i in floats],
-                            [outputs[i] for i in floats], summed, replica)
+      grads = [None] * len(xs)
+      float_grads = grad_fn([xs[i] for i in floats], float_outputs, summed, replica)
       for i, grad in zip(floats, float_grads):
         grads[i] = grad
       return grads
 
     return outputs, backward
 
-  if not any(x.dtype.is_floating for x in flat):
-    return tf.nest.pack_sequence_as(value, replica.collective(name, flat, merge))
-  return tf.nest.pack_sequence_as(value, _with_gradient(forward, flat))
+  return _with_gradient(forward_and_backward, list(inputs))
 
 
 def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
