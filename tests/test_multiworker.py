@@ -374,7 +374,10 @@ def test_a_worker_lost_before_the_first_step_is_named_by_every_survivor():
   for code, out in results:
     assert code == 3, out
     line = next(l for l in out.splitlines() if l.startswith("LOST"))
-    assert float(line.split()[1]) < 10.0, line  # within timeout_s
+    # At the latest the program check's collective times out (timeout_s, 10 s)
+    # after the first run's trace; on 2 loaded cores that lands just past 10 s
+    # (10.75 and 10.85 seen). A hang would take the whole 60 s.
+    assert float(line.split()[1]) < 15.0, line
     assert "worker 2 (127.0.0.1:" in line and "after step 0" in line, line
 
 
