@@ -84,15 +84,15 @@ def with_summed_gradient(name: str, forward, inputs: List[tf.Tensor], grad_fn):
       upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
                   for dy, y in zip(upstream, outputs)]
       floats = [i for i, x in enumerate(xs) if x.dtype.is_floating]
-      float_outputs = [y for y in outputs if y.dtype.is_floating]
+      float_outputs = [i for i, y in enumerate(outputs) if y.dtype.is_floating]
       summed = replica.collective(
-          f"the gradient of {name}",
-          [dy for dy, y in zip(upstream, outputs) if y.dtype.is_floating],
+          f"the gradient of {name}", [upstream[i] for i in float_outputs],
           lambda values: collectives.all_reduce(
               values, reduce_options.ReduceOp.SUM, replica.group.devices,
               num_replicas=replica.group.num_replicas, workers=replica.group.workers))
       grads = [None] * len(xs)
-      float_grads = grad_fn([xs[i] for i in floats], float_outputs, summed, replica)
+      float_grads = grad_fn([xs[i] for i in floats],
+                            [outputs[i] for i in float_outputs], summed, replica)
       for i, grad in zip(floats, float_grads):
         grads[i] = grad
       return grads

@@ -51,8 +51,7 @@ def same_on_every_replica(values: Sequence[tf.Tensor], copy_of: CopyOf) -> bool:
   graph = values[0].graph
   if any(value.graph is not graph for value in values):
     return False
-  captured = {id(internal): external for external, internal in graph.captures}
-  return _Walk(captured, copy_of).same(tuple(values))
+  return _Walk(graph, copy_of).same(tuple(values))
 
 
 def _attrs(op) -> dict:
@@ -63,8 +62,9 @@ def _attrs(op) -> dict:
 class _Walk:
   """One comparison, memoized over tuples of tensors (one per replica)."""
 
-  def __init__(self, captured: Dict[int, object], copy_of: CopyOf):
-    self._captured = captured
+  def __init__(self, graph, copy_of: CopyOf):
+    self._graph = graph
+    self._captured = None  # id of a placeholder -> what it captured, once needed
     self._copy_of = copy_of
     self._known: Dict[Tuple[int, ...], bool] = {}
 
@@ -99,6 +99,9 @@ class _Walk:
 
   def _same_copies(self, placeholders) -> bool:
     """Whether replica r's placeholder captures the handle of copy r of one variable."""
+    if self._captured is None:
+      self._captured = {id(internal): external
+                        for external, internal in self._graph.captures}
     owners = set()
     for replica, placeholder in enumerate(placeholders):
       external = self._captured.get(id(placeholder))

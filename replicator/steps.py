@@ -339,21 +339,21 @@ class CompiledStep:
       outputs = self._replicated_step([None] * n, args, _open())
       completed = tf.constant(1, tf.int64)
       status = step_fetch.status_tensor(step_fetch.READY)
-    elif self._fetcher.sizes_to_compare(iterator.element_spec) is None:
-      optionals, ready = self._fetcher.fetch(iterator)
-      gate = self._gate(ready)
-      with tf.control_dependencies([gate]):  # (the batches wait too)
-        batches = [(o.get_value(),) for o in optionals]
-      outputs = self._replicated_step(batches, args, gate)
-      completed = tf.constant(1, tf.int64)
-      status = step_fetch.status_tensor(step_fetch.READY)
     else:
       optionals, status = self._fetcher.fetch(iterator)
-      completed, outputs = tf.cond(
-          step_fetch.is_ready(status),
-          lambda: (tf.constant(1, tf.int64), self._replicated_step(
-              [(o.get_value(),) for o in optionals], args, _open())),
-          lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
+      if status.dtype == tf.bool:  # running out of data is the one way to stop
+        gate = self._gate(status)
+        with tf.control_dependencies([gate]):  # (the batches wait too)
+          batches = [(o.get_value(),) for o in optionals]
+        outputs = self._replicated_step(batches, args, gate)
+        completed = tf.constant(1, tf.int64)
+        status = step_fetch.status_tensor(step_fetch.READY)
+      else:
+        completed, outputs = tf.cond(
+            step_fetch.is_ready(status),
+            lambda: (tf.constant(1, tf.int64), self._replicated_step(
+                [(o.get_value(),) for o in optionals], args, _open())),
+            lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
     step_errors.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
     return completed, outputs, step_fetch.why_stopped(status)
 
