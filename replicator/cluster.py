@@ -206,7 +206,13 @@ class WorkerLost(RuntimeError):
 
 
 def _check_peer(worker: int, timeout_s: float) -> None:
-  """Raises (UnavailableError, DeadlineExceededError...) unless `worker` answers."""
+  """Raises (UnavailableError, DeadlineExceededError...) unless `worker` answers.
+
+  TensorFlow's binding holds the GIL until the answer or the timeout: every
+  Python thread of this process waits that long (measured: a 3 s check of a
+  frozen peer froze the main thread for 3.0 s), so keep `timeout_s` short
+  where the process has other work.
+  """
   eager_context.context().check_collective_ops_peer_health(
       f"/job:{_JOB}/replica:0/task:{worker}", timeout_in_ms=int(timeout_s * 1000))
 
@@ -251,14 +257,21 @@ class Heartbeat:
   """Checks every peer's gRPC server; on a loss, aborts pending collectives.
 
   The peers' servers answer from their own threads, so a worker busy with a
-  long chief-only evaluation or save still counts as alive; a killed worker
-  is noticed within `interval_s`, a frozen one within `timeout_s`.
+  long chief-only evaluation or save still counts as alive. A killed worker
+  refuses the next check (noticed within `interval_s`); a frozen or cut-off
+  one is lost once it has not answered for `timeout_s`. Each check waits at
+  most `probe_s`: TensorFlow's check holds the GIL while it waits, so one
+  long check of a silent peer would stop every Python thread of this process
+  (the step loop, a tracing, an input pipeline) for the whole `timeout_s`
+  (30 s by default) instead of `probe_s` a second.
   """
 
-  def __init__(self, mesh: Mesh, timeout_s: float, interval_s: float = 1.0):
+  def __init__(self, mesh: Mesh, timeout_s: float, interval_s: float = 1.0,
+               probe_s: float = 0.5):
     self._mesh = mesh
     self._timeout_s = timeout_s
     self._interval_s = interval_s
+    self._probe_s = min(probe_s, timeout_s)
     self.lost: Optional[int] = None
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -267,18 +280,26 @@ class Heartbeat:
 
   def _watch(self):
     peers = [w for w in range(self._mesh.num_workers) if w != self._mesh.worker_index]
+    answered = dict.fromkeys(peers, time.monotonic())
     while not self._stop.wait(self._interval_s):
       for worker in peers:
         try:
-          _check_peer(worker, self._timeout_s)
+          _check_peer(worker, self._probe_s)
+          answered[worker] = time.monotonic()
+          continue
+        except tf.errors.DeadlineExceededError:
+          silent_s = time.monotonic() - answered[worker]
+          if silent_s < self._timeout_s:
+            continue  # slow to answer this time; lost only after timeout_s
+          reason = f"no answer for {silent_s:.0f} s"
         except _PEER_DOWN as error:
-          if self._stop.is_set():
-            return
-          self.lost = worker
-          eager_context.context().abort_collective_ops(
-              tf.errors.UNAVAILABLE,
-              f"replicator: worker {worker} is lost ({type(error).__name__})")
+          reason = type(error).__name__
+        if self._stop.is_set():
           return
+        self.lost = worker
+        eager_context.context().abort_collective_ops(
+            tf.errors.UNAVAILABLE, f"replicator: worker {worker} is lost ({reason})")
+        return
 
   def stop(self):
     self._stop.set()
