@@ -14,12 +14,22 @@ handed to every replica, `run`'s `args`) and reads of each replica's own copy
 of one variable, only ops that compute each element alone, by the same
 kernel on every device of one process, count as the same: not reductions or
 matrix products, whose GPU kernels may sum in another order from one run to
-the next, nor random or stateful ops. Only within one worker: another
-process may differ in its constants (a worker's index, a value it drew), and
-nothing here sees them.
+the next, nor random or stateful ops.
+
+Between workers (`same_on_every_worker`) only integer and boolean values
+count, made by exact ops (another machine's CPU may round a float op
+differently: an `Exp` by other vector instructions), and only from
+constants and reads of variables, whose copies every worker holds alike.
+Another process may differ in its constants (a worker's index, a value it
+drew), which nothing in one process sees: the constants met are returned,
+for the workers to compare before the step first runs
+(`step_errors.check_same_program`). `snt.BatchNorm`'s step counters are such
+(106 of a ResNet-50's 318 merges a step); so is a Keras optimizer's
+`iterations`.
 """
 
-from typing import Callable, Dict, Optional, Sequence, Tuple
+import hashlib
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -38,6 +48,57 @@ _ELEMENTWISE = frozenset({
     "Reshape", "ExpandDims", "Squeeze", "ZerosLike", "OnesLike", "Fill", "Shape",
     "Size", "Rank", "BroadcastTo", "ReadVariableOp",
 })
+
+
+# Ops whose integer or boolean results are the same bits on any machine.
+_EXACT = frozenset({
+    "Identity", "Cast", "StopGradient", "Snapshot", "Add", "AddV2", "Sub", "Mul",
+    "Neg", "FloorDiv", "FloorMod", "Abs", "Sign", "Square", "Maximum", "Minimum",
+    "Equal", "NotEqual", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "LogicalAnd", "LogicalOr", "LogicalNot", "Select", "SelectV2", "Reshape",
+    "ExpandDims", "Squeeze", "ZerosLike", "OnesLike", "Fill", "BroadcastTo",
+    "ReadVariableOp",
+})
+
+
+def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf) -> Optional[List[str]]:
+  """The constants on which `value` is the same bits on every worker, or None.
+
+  Not None: `value` is computed by exact integer or boolean ops from reads of
+  variables (of which every worker holds the same copies) and from constants,
+  and is the same on every worker where the returned descriptions of those
+  constants are.
+  """
+  if not tf.is_symbolic_tensor(value):
+    return None
+  captured = {id(internal): external for external, internal in value.graph.captures}
+  constants = []  # in the walk's order, which the same program gives every worker
+  seen = set()
+  pending = [value]
+  while pending:
+    tensor = pending.pop()
+    if id(tensor) in seen:
+      continue
+    seen.add(id(tensor))
+    op = tensor.op
+    if not all(t.dtype.is_integer or t.dtype.is_bool for t in list(op.inputs) + op.outputs
+               if t.dtype != tf.resource):
+      return None
+    if op.type == "Const":
+      values = tf.make_ndarray(op.get_attr("value"))
+      constants.append(
+          f"{tensor.dtype.name} {values.tolist()}" if values.size <= 8 else
+          f"{tensor.dtype.name}{list(values.shape)} sha256 "
+          + hashlib.sha256(values.tobytes()).hexdigest()[:12])
+    elif op.type == "Placeholder":
+      external = captured.get(id(tensor))
+      if external is None or copy_of(external) is None:
+        return None  # an argument, or a value captured from this process
+    elif op.type in _EXACT:
+      pending.extend(op.inputs)
+    else:
+      return None
+  return constants
 
 
 def same_on_every_replica(values: Sequence[tf.Tensor], copy_of: CopyOf) -> bool:

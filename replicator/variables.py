@@ -193,9 +193,9 @@ class ReplicatedVariable(tf.Variable):
       merge = lambda values: collectives.all_reduce(
           values, op, group.devices, num_replicas=group.num_replicas,
           workers=group.workers)
-    if op is not reduce_options.ReduceOp.SUM and group.workers is None:
+    if op is not reduce_options.ReduceOp.SUM:
       # a mean, or the first replica's value, of one value is that value
-      merge = _unless_the_same(merge)
+      merge = _unless_the_same(merge, self.name, group.workers)
     return replica.collective(f"an update of variable {self.name}", [value],
                               merge)[0]
 
@@ -337,14 +337,26 @@ class ReplicatedVariable(tf.Variable):
         self, proto, options)
 
 
-def _unless_the_same(merge):
-  """`merge`, but where every local replica's value is the same bits (see
-  `same_values`), each replica keeps its own."""
+def _unless_the_same(merge, name: str, workers):
+  """`merge`, but where every replica's value is the same bits (see
+  `same_values`), each replica keeps its own.
+
+  On several workers (`workers`, their `CollectiveKeys`) the workers compare
+  the constants that makes it so before the step first runs.
+  """
   def merge_unless_the_same(values):
-    if same_values.same_on_every_replica([replica[0] for replica in values],
-                                         variable_registry.copy_of_handle):
+    firsts = [replica[0] for replica in values]
+    if not same_values.same_on_every_replica(firsts, variable_registry.copy_of_handle):
+      return merge(values)
+    if workers is None:
       return values
-    return merge(values)
+    constants = same_values.same_on_every_worker(firsts[0],
+                                                 variable_registry.copy_of_handle)
+    if constants is None:
+      return merge(values)
+    workers.assume_same(f"an update of variable {name} from constants "
+                        f"{', '.join(constants) or '(none)'}")
+    return values
   return merge_unless_the_same
 
 

@@ -483,6 +483,18 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
             "variable(s) in its first run or in repl.context() since the last run "
             f"({'float32(3,)' if w == 0 else ''})") in lines["CONTEXT"], out
     assert lines["CONTEXT_THEN"] == "CONTEXT_THEN [14.0, 14.0, 14.0]", out
+    # integer updates every worker computes alike from its copies and equal
+    # constants are not merged (snt.BatchNorm's counters): one merge for each
+    # all_sum, the float mean and the update from a sum minus the worker index
+    # (the chief's value); counter 3, doubled 0 -> 1 -> 4 -> 11
+    assert lines["COUNTING"] == (
+        "COUNTING ['all_reduce', 'all_reduce', 'all_reduce', 'broadcast'] 3 11 1 0.5"), out
+    # ... and where a Python number differs between workers: an error on each
+    assert ("PER_WORKER step_fn: per_worker_fn computes an update of a variable "
+            "from constants that differ between workers") in lines["PER_WORKER"], out
+    assert f"This worker, {w}: an update of variable" in lines["PER_WORKER"], out
+    assert f"from constants int64 {1 + w}." in lines["PER_WORKER"], out
+    assert lines["PER_WORKER_THEN"] == "PER_WORKER_THEN 3 [20.0, 20.0, 20.0]", out
     # ... and before a step traced before: compared in its call, an error on each
     assert (f"CONTEXT_OLD repl.context(): this worker made {1 if w == 0 else 0} "
             f"variable(s) since its last run ({'float32(4,)' if w == 0 else ''}) and "

@@ -8,6 +8,7 @@ import tensorflow as tf
 import catalogue
 import replicator
 from replicator import collectives
+from replicator import same_values
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)
@@ -100,6 +101,36 @@ def test_updates_every_replica_computes_alike_are_not_aggregated(name, monkeypat
   np.testing.assert_allclose(per_replica.numpy(), [np.mean(np.arange(n))] * 3)
   assert float(from_sum) == np.sum(np.arange(n))
   repl.assert_replicas_in_sync([counter, scaled, debiased, per_replica, from_sum])
+
+
+def test_only_exact_integer_updates_from_variables_and_constants_match_across_workers():
+  # What a worker may leave unmerged: the constants it returns are compared
+  # between workers (test_multiworker's COUNTING and PER_WORKER lines).
+  counter, weight = tf.Variable(3, dtype=tf.int64), tf.Variable(1.0)
+  small, large = tf.constant(5, tf.int64), tf.range(1000, dtype=tf.int64)  # this process's
+  copies = {id(counter.handle): (0, 0), id(weight.handle): (1, 0)}
+  found = {}
+
+  @tf.function
+  def trace(argument):
+    read = counter.read_value()
+    walk = lambda value: same_values.same_on_every_worker(value, lambda h: copies.get(id(h)))
+    found["increment"] = walk(tf.constant(1, tf.int64))
+    found["from_copies"] = walk(tf.maximum(read * 2 + 7, read))
+    found["large"] = walk(read + tf.constant(np.arange(20)))
+    found["float"] = walk(tf.cast(weight.read_value() * 2.0, tf.int64))
+    found["shape"] = walk(tf.shape(argument, out_type=tf.int64)[0] + read)
+    found["argument"] = walk(argument[0] + read)
+    found["small"] = walk(small + read)  # traced as a constant: compared too
+    found["captured"] = walk(large + read)
+
+  trace(tf.constant([1, 2], tf.int64))
+  assert found["increment"] == ["int64 1"]
+  assert sorted(found["from_copies"]) == ["int64 2", "int64 7"]
+  [large] = found["large"]
+  assert large.startswith("int64[20] sha256 ")
+  assert found["small"] == ["int64 5"]
+  assert found["float"] is found["shape"] is found["argument"] is found["captured"] is None
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)

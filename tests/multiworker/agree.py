@@ -15,6 +15,7 @@ import sonnet as snt
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import replicator
+from replicator import collectives
 
 
 def main():
@@ -253,6 +254,41 @@ def main():
       print(f"{name} {'got values of different shapes on different workers' in str(error)}",
             flush=True)
   print(f"ONWARD {repl.run(step_fn).numpy()[0].tolist()}", flush=True)
+
+  merges = []  # the merges traced from here on
+  for kind in ("all_reduce", "broadcast"):
+    real = getattr(collectives, kind)
+    setattr(collectives, kind, lambda *a, real=real, kind=kind, **k: (
+        merges.append(kind), real(*a, **k))[1])
+  with repl.context():
+    counter = tf.Variable(0, dtype=tf.int64)
+    doubled = tf.Variable(0, dtype=tf.int64)
+    from_worker = tf.Variable(0, dtype=tf.int64)
+    mean = tf.Variable(0.0)
+
+  def counting_fn():  # as snt.BatchNorm's counters; what differs still merged
+    counter.assign_add(1)
+    doubled.assign(doubled * 2 + counter)
+    from_worker.assign(counter * 0 + tf.cast(
+        repl.all_sum(tf.cast(repl.replica_id, tf.float32)) - float(worker), tf.int64))
+    mean.assign(tf.cast(counter, tf.float32) * 0.0 + float(worker))
+    return repl.all_sum(v.read_value())
+
+  repl.run(counting_fn, steps=3)
+  print(f"COUNTING {sorted(merges)} {counter.numpy()} {doubled.numpy()} "
+        f"{from_worker.numpy()} {mean.numpy()}", flush=True)
+
+  def per_worker_fn():  # a Python number that differs: not the same on both
+    counter.assign_add(1 + worker)
+    return repl.all_sum(v.read_value())
+
+  try:
+    repl.run(per_worker_fn)
+    print("PER_WORKER ran", flush=True)
+  except ValueError as error:
+    print(f"PER_WORKER {error}", flush=True)
+  print(f"PER_WORKER_THEN {counter.numpy()} {repl.run(sum_fn).numpy()[0].tolist()}",
+        flush=True)
   print("DONE", flush=True)
 
 
