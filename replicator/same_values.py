@@ -24,8 +24,7 @@ Another process may differ in its constants (a worker's index, a value it
 drew), which nothing in one process sees: the constants met are returned,
 for the workers to compare before the step first runs
 (`step_errors.check_same_program`). `snt.BatchNorm`'s step counters are such
-(106 of a ResNet-50's 318 merges a step); so is a Keras optimizer's
-`iterations`.
+(106 of a ResNet-50's 318 merges a step).
 """
 
 import hashlib
