@@ -155,10 +155,11 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
   if low_assumed != high_assumed and fewest == most:
     raise ProgramsDiffer(
         f"step_fn: {context.name_of(step_fn)} computes an update of a variable "
-        "from constants that differ between workers, where every other input "
-        "is the same on all of them; the update is not merged between workers "
-        "(each computes it alike), so the copies would drift apart. This "
-        f"worker, {workers.worker_index}: {'; '.join(assumed[:4])}"
+        "from constants that differ between workers (or makes such updates on "
+        "some workers only), where every other input is the same on all of "
+        "them; the update is not merged between workers (each computes it "
+        "alike), so the copies would drift apart. This worker, "
+        f"{workers.worker_index}, made {len(assumed)}: {'; '.join(assumed[:4])}"
         f"{'; ...' if len(assumed) > 4 else ''}. Pass a per-worker value as a "
         "tensor (run's args, the input) rather than a Python number. "
         f"{_SAME_PROGRAM}")

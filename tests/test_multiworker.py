@@ -492,7 +492,7 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     # ... and where a Python number differs between workers: an error on each
     assert ("PER_WORKER step_fn: per_worker_fn computes an update of a variable "
             "from constants that differ between workers") in lines["PER_WORKER"], out
-    assert f"This worker, {w}: an update of variable" in lines["PER_WORKER"], out
+    assert f"This worker, {w}, made 1: an update of variable" in lines["PER_WORKER"], out
     assert f"from constants int64 {1 + w}." in lines["PER_WORKER"], out
     assert lines["PER_WORKER_THEN"] == "PER_WORKER_THEN 3 [20.0, 20.0, 20.0]", out
     # ... and before a step traced before: compared in its call, an error on each
