@@ -293,18 +293,22 @@ class Heartbeat:
 
   def _watch(self):
     peers = [w for w in range(self._mesh.num_workers) if w != self._mesh.worker_index]
-    answered = dict.fromkeys(peers, time.monotonic())
+    # Silence counts from the first unanswered check, not from the last
+    # answer: a heartbeat that could not run (another thread held the GIL)
+    # has not seen a peer fall silent.
+    silent_since = {}
     while not self._stop.wait(self._interval_s):
       for worker in peers:
         try:
           _check_peer(worker, self._probe_s)
-          answered[worker] = time.monotonic()
+          silent_since.pop(worker, None)
           continue
         except tf.errors.DeadlineExceededError:
-          silent_s = time.monotonic() - answered[worker]
-          if silent_s < self._timeout_s:
+          now = time.monotonic()
+          since = silent_since.setdefault(worker, now - self._probe_s)
+          if now - since < self._timeout_s:
             continue  # slow to answer this time; lost only after timeout_s
-          reason = f"no answer for {silent_s:.0f} s"
+          reason = f"no answer for {now - since:.0f} s"
         except _PEER_DOWN as error:
           reason = type(error).__name__
         if self._stop.is_set():
