@@ -257,7 +257,8 @@ def unjoined_peers(mesh: Mesh, timeout_s: float, poll_s: float = 0.5) -> list:
     still = []
     for worker in waiting:
       try:
-        _check_peer(worker, max(0.1, min(5.0, deadline - time.monotonic())))
+        # briefly: the check holds the GIL, and the poll comes back for it
+        _check_peer(worker, max(0.1, min(0.5, deadline - time.monotonic())))
       except _PEER_DOWN:
         still.append(worker)
     waiting = still
