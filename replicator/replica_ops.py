@@ -11,6 +11,7 @@ from replicator import collectives
 from replicator import context
 from replicator import gathering
 from replicator import reduce_options
+from replicator import same_values
 
 _gradient_ids = itertools.count()
 
@@ -130,7 +131,8 @@ def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
 
 def replica_id() -> tf.Tensor:
   replica = current_replica("replica_id")
-  return tf.constant(replica.replica_id, tf.int32)
+  # Named, so that `same_values` never takes it for a constant every worker shares.
+  return tf.constant(replica.replica_id, tf.int32, name=same_values.REPLICA_ID)
 
 
 def all_reduce(value, op=reduce_options.ReduceOp.SUM,

@@ -28,6 +28,7 @@ for the workers to compare before the step first runs
 """
 
 import hashlib
+import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -48,6 +49,9 @@ _ELEMENTWISE = frozenset({
     "Size", "Rank", "BroadcastTo", "ReadVariableOp",
 })
 
+
+# The name of `repl.replica_id`'s constant, which differs from replica to replica.
+REPLICA_ID = "replica_id"
 
 # Ops whose integer or boolean results are the same bits on any machine.
 _EXACT = frozenset({
@@ -84,6 +88,8 @@ def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf) -> Optional[List[str
                if t.dtype != tf.resource):
       return None
     if op.type == "Const":
+      if re.fullmatch(REPLICA_ID + r"(_\d+)?", op.name.rsplit("/", 1)[-1]):
+        return None  # one replica's id (one replica a worker: no local check saw it)
       values = tf.make_ndarray(op.get_attr("value"))
       constants.append(
           f"{tensor.dtype.name} {values.tolist()}" if values.size <= 8 else

@@ -485,10 +485,12 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["CONTEXT_THEN"] == "CONTEXT_THEN [14.0, 14.0, 14.0]", out
     # integer updates every worker computes alike from its copies and equal
     # constants are not merged (snt.BatchNorm's counters): one merge for each
-    # all_sum, the float mean and the update from a sum minus the worker index
-    # (the chief's value); counter 3, doubled 0 -> 1 -> 4 -> 11
-    assert lines["COUNTING"] == (
-        "COUNTING ['all_reduce', 'all_reduce', 'all_reduce', 'broadcast'] 3 11 1 0.5"), out
+    # all_sum, the float mean, and the integer updates from a sum minus the
+    # worker index and from the replica id (the chief's values; the replica
+    # id is a constant that differs, not an error); counter 3, doubled
+    # 0 -> 1 -> 4 -> 11
+    assert lines["COUNTING"] == ("COUNTING ['all_reduce', 'all_reduce', 'all_reduce', "
+                                 "'broadcast', 'broadcast'] 3 11 1 5 0.5"), out
     # ... and where a Python number differs between workers: an error on each
     assert ("PER_WORKER step_fn: per_worker_fn computes an update of a variable "
             "from constants that differ between workers") in lines["PER_WORKER"], out

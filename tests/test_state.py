@@ -123,6 +123,9 @@ def test_only_exact_integer_updates_from_variables_and_constants_match_across_wo
     found["argument"] = walk(argument[0] + read)
     found["small"] = walk(small + read)  # traced as a constant: compared too
     found["captured"] = walk(large + read)
+    with tf.name_scope("layer"):  # repl.replica_id's constant: one per replica
+      replica_id = tf.constant(1, tf.int32, name=same_values.REPLICA_ID)
+    found["replica_id"] = walk(tf.cast(replica_id, tf.int64) + read)
 
   trace(tf.constant([1, 2], tf.int64))
   assert found["increment"] == ["int64 1"]
@@ -131,6 +134,7 @@ def test_only_exact_integer_updates_from_variables_and_constants_match_across_wo
   assert large.startswith("int64[20] sha256 ")
   assert found["small"] == ["int64 5"]
   assert found["float"] is found["shape"] is found["argument"] is found["captured"] is None
+  assert found["replica_id"] is None
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)

@@ -264,6 +264,7 @@ def main():
     counter = tf.Variable(0, dtype=tf.int64)
     doubled = tf.Variable(0, dtype=tf.int64)
     from_worker = tf.Variable(0, dtype=tf.int64)
+    from_replica = tf.Variable(0, dtype=tf.int64)
     mean = tf.Variable(0.0)
 
   def counting_fn():  # as snt.BatchNorm's counters; what differs still merged
@@ -271,12 +272,13 @@ def main():
     doubled.assign(doubled * 2 + counter)
     from_worker.assign(counter * 0 + tf.cast(
         repl.all_sum(tf.cast(repl.replica_id, tf.float32)) - float(worker), tf.int64))
-    mean.assign(tf.cast(counter, tf.float32) * 0.0 + float(worker))
+    from_replica.assign(tf.cast(repl.replica_id, tf.int64) + 5)  # the chief's
+    mean.assign(tf.cast(counter, tf.float32) * 0.0 + tf.cast(repl.replica_id, tf.float32))
     return repl.all_sum(v.read_value())
 
   repl.run(counting_fn, steps=3)
   print(f"COUNTING {sorted(merges)} {counter.numpy()} {doubled.numpy()} "
-        f"{from_worker.numpy()} {mean.numpy()}", flush=True)
+        f"{from_worker.numpy()} {from_replica.numpy()} {mean.numpy()}", flush=True)
 
   def per_worker_fn():  # a Python number that differs: not the same on both
     counter.assign_add(1 + worker)
