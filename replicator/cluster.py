@@ -145,6 +145,9 @@ class CollectiveKeys:
     self.group_key = next_group_key() if group_key is None else group_key
     self.issued = 0  # keys given out by `next`
     self.shape_slots = 0  # slots given out by `key_for_size_class`
+    # Every worker runs the same TensorFlow on the same hardware (known once
+    # they joined: `peers.kernel_fingerprint`).
+    self.alike = False
     self._signatures = {}  # key -> what its collective carries
     self._assumed = []  # what traced steps count on every worker sharing
     self._checks = itertools.count(self._CHECK_KEYS)

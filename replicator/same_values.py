@@ -16,15 +16,18 @@ kernel on every device of one process, count as the same: not reductions or
 matrix products, whose GPU kernels may sum in another order from one run to
 the next, nor random or stateful ops.
 
-Between workers (`same_on_every_worker`) only integer and boolean values
-count, made by exact ops (another machine's CPU may round a float op
-differently: an `Exp` by other vector instructions), and only from
-constants and reads of variables, whose copies every worker holds alike.
+Between workers (`same_on_every_worker`) only values made from constants and
+reads of variables, whose copies every worker holds alike, count; and only
+integer and boolean values made by exact ops, unless the workers run the
+same TensorFlow on the same hardware (checked when they join): another
+machine's CPU may round a float op differently (an `Exp` by other vector
+instructions), and the copies would drift by a bit at a time.
 Another process may differ in its constants (a worker's index, a value it
 drew), which nothing in one process sees: the constants met are returned,
 for the workers to compare before the step first runs
 (`step_errors.check_same_program`). `snt.BatchNorm`'s step counters are such
-(106 of a ResNet-50's 318 merges a step).
+(106 of a ResNet-50's 318 merges a step), and on alike workers its debiased
+averages too (106 more).
 """
 
 import hashlib
@@ -64,14 +67,18 @@ _EXACT = frozenset({
 })
 
 
-def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf) -> Optional[List[str]]:
+def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf,
+                         alike: bool = False) -> Optional[List[str]]:
   """The constants on which `value` is the same bits on every worker, or None.
 
   Not None: `value` is computed by exact integer or boolean ops from reads of
   variables (of which every worker holds the same copies) and from constants,
   and is the same on every worker where the returned descriptions of those
-  constants are.
+  constants are. Where the workers are `alike` (the same TensorFlow on the
+  same hardware, `peers.kernel_fingerprint`), also by elementwise ops on
+  floats: the same kernel on the same inputs gives the same bits.
   """
+  allowed = _ELEMENTWISE if alike else _EXACT
   if not tf.is_symbolic_tensor(value):
     return None
   captured = {id(internal): external for external, internal in value.graph.captures}
@@ -84,8 +91,8 @@ def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf) -> Optional[List[str
       continue
     seen.add(id(tensor))
     op = tensor.op
-    if not all(t.dtype.is_integer or t.dtype.is_bool for t in list(op.inputs) + op.outputs
-               if t.dtype != tf.resource):
+    if not alike and not all(t.dtype.is_integer or t.dtype.is_bool
+                             for t in list(op.inputs) + op.outputs if t.dtype != tf.resource):
       return None
     if op.type == "Const":
       if re.fullmatch(REPLICA_ID + r"(_\d+)?", op.name.rsplit("/", 1)[-1]):
@@ -99,7 +106,7 @@ def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf) -> Optional[List[str
       external = captured.get(id(tensor))
       if external is None or copy_of(external) is None:
         return None  # an argument, or a value captured from this process
-    elif op.type in _EXACT:
+    elif op.type in allowed:
       pending.extend(op.inputs)
     else:
       return None

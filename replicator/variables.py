@@ -350,8 +350,8 @@ def _unless_the_same(merge, name: str, workers):
       return merge(values)
     if workers is None:
       return values
-    constants = same_values.same_on_every_worker(firsts[0],
-                                                 variable_registry.copy_of_handle)
+    constants = same_values.same_on_every_worker(
+        firsts[0], variable_registry.copy_of_handle, alike=workers.alike)
     if constants is None:
       return merge(values)
     workers.assume_same(f"an update of variable {name} from constants "

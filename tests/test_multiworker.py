@@ -1,5 +1,6 @@
 """Several worker processes on 127.0.0.1, started through the launcher."""
 
+import json
 import os
 import re
 import signal
@@ -451,6 +452,14 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
   are not shared (different states restored before) raise the true error."""
   results = _run_workers(["--ckpt", str(tmp_path / "ckpt")], timeout_s=60,
                          wait_for=(0, 1), script="agree.py")
+  # A float update every worker computes alike from its copies: not merged
+  # where the workers are alike (the same TensorFlow and CPU: these are),
+  # the same bits on both.
+  alike = [re.search(r"ALIKE (\S+) (\S+) (.*)", out) for _, out in results]
+  assert all(alike) and alike[0].group(1) == "True", results
+  assert alike[0].group(2) == alike[1].group(2), results
+  np.testing.assert_allclose(json.loads(alike[0].group(3)),
+                             np.array([0.5, 0.25]) / (1 - 0.9 ** 3), rtol=1e-6)
   lazy = [re.search(r"LAZY_THEN (.*)", out) for _, out in results]
   assert all(lazy) and lazy[0].group(1) == lazy[1].group(1), results  # the chief's
   for w, (code, out) in enumerate(results):

@@ -8,6 +8,7 @@ import tensorflow as tf
 import catalogue
 import replicator
 from replicator import collectives
+from replicator import peers
 from replicator import same_values
 
 
@@ -119,6 +120,10 @@ def test_only_exact_integer_updates_from_variables_and_constants_match_across_wo
     found["from_copies"] = walk(tf.maximum(read * 2 + 7, read))
     found["large"] = walk(read + tf.constant(np.arange(20)))
     found["float"] = walk(tf.cast(weight.read_value() * 2.0, tf.int64))
+    alike = lambda value: same_values.same_on_every_worker(
+        value, lambda h: copies.get(id(h)), alike=True)  # same TensorFlow and hardware
+    found["float_alike"] = alike(tf.pow(weight.read_value() * 2.0, tf.cast(read, tf.float32)))
+    found["sum_alike"] = alike(tf.reduce_sum(weight.read_value() * tf.ones([3])))
     found["shape"] = walk(tf.shape(argument, out_type=tf.int64)[0] + read)
     found["argument"] = walk(argument[0] + read)
     found["small"] = walk(small + read)  # traced as a constant: compared too
@@ -135,6 +140,17 @@ def test_only_exact_integer_updates_from_variables_and_constants_match_across_wo
   assert found["small"] == ["int64 5"]
   assert found["float"] is found["shape"] is found["argument"] is found["captured"] is None
   assert found["replica_id"] is None
+  assert found["float_alike"] == ["float32 2.0"]
+  assert found["sum_alike"] is None  # a reduction may sum in another order
+
+
+def test_kernel_fingerprint_changes_with_what_decides_a_kernels_bits(monkeypatch):
+  base = peers.kernel_fingerprint()
+  monkeypatch.setenv("TF_CONFIG", '{"task": {"index": 3}}')  # per worker by design
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+  assert peers.kernel_fingerprint() == base
+  monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "2")  # oneDNN's kernels or Eigen's
+  assert peers.kernel_fingerprint() != base
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)

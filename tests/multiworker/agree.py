@@ -266,6 +266,8 @@ def main():
     from_worker = tf.Variable(0, dtype=tf.int64)
     from_replica = tf.Variable(0, dtype=tf.int64)
     mean = tf.Variable(0.0)
+    hidden = tf.Variable([0.5, 0.25])
+    debiased = tf.Variable([0.0, 0.0])
 
   def counting_fn():  # as snt.BatchNorm's counters; what differs still merged
     counter.assign_add(1)
@@ -273,12 +275,16 @@ def main():
     from_worker.assign(counter * 0 + tf.cast(
         repl.all_sum(tf.cast(repl.replica_id, tf.float32)) - float(worker), tf.int64))
     from_replica.assign(tf.cast(repl.replica_id, tf.int64) + 5)  # the chief's
+    # floats too, from every worker's copies, where the workers are alike
+    debiased.assign(hidden / (1.0 - tf.pow(0.9, tf.cast(counter, tf.float32))))
     mean.assign(tf.cast(counter, tf.float32) * 0.0 + tf.cast(repl.replica_id, tf.float32))
     return repl.all_sum(v.read_value())
 
   repl.run(counting_fn, steps=3)
   print(f"COUNTING {sorted(merges)} {counter.numpy()} {doubled.numpy()} "
         f"{from_worker.numpy()} {from_replica.numpy()} {mean.numpy()}", flush=True)
+  print(f"ALIKE {repl._workers.alike} {debiased.numpy().tobytes().hex()} "  # pylint: disable=protected-access
+        f"{debiased.numpy().tolist()}", flush=True)
 
   def per_worker_fn():  # a Python number that differs: not the same on both
     counter.assign_add(1 + worker)
