@@ -21,8 +21,15 @@ starts each worker's server, the replicator joins it, the two first calls are
 timed (ours first in odd rounds, MWMS first in even ones), then their calls
 alternate; one step per call on both sides.
 
+With `--statistics per-worker` both sides normalize by each worker's own batch
+instead (the large-minibatch recipe's default, and `examples/resnet`'s): ours
+`snt.BatchNorm`, whose moving averages the replicator keeps the same on every
+worker, MWMS `BatchNormalization(synchronized=False)`. Each worker then also
+reports whether every worker's moving averages hold the same bits (a CRC of
+their bytes, gathered), on each side.
+
   python -m benchmarks.bn_step [--workers 2] [--rounds 3] [--iters 15] [--batch 4]
-      [--json out.json]
+      [--statistics global|per-worker] [--json out.json]
 
 Prints ms per step (worker 0's median call of `--iters`, best of the rounds),
 the first call's seconds (ours builds the model inside it, MWMS before it),
@@ -32,6 +39,7 @@ and MWMS / ours, best of rounds and round by round.
 import argparse
 import json
 import time
+import zlib
 
 from benchmarks import common
 
@@ -41,8 +49,8 @@ _CLASSES = 10
 _IMAGE = 32
 
 
-def keras_resnet50(keras, num_classes: int):
-  """ResNet-50 v1.5 in Keras layers with synchronized batch norm, as `models.ResNet50`."""
+def keras_resnet50(keras, num_classes: int, synchronized: bool = True):
+  """ResNet-50 v1.5 in Keras layers, as `models.ResNet50`; batch norm synchronized or not."""
   layers = keras.layers
   init = keras.initializers.VarianceScaling(2.0, "fan_out", "truncated_normal")
 
@@ -57,7 +65,7 @@ def keras_resnet50(keras, num_classes: int):
     x = layers.Conv2D(channels, kernel, stride, padding=padding, use_bias=False,
                       kernel_initializer=init)(x)
     x = layers.BatchNormalization(
-        synchronized=True, momentum=0.9, epsilon=1e-5,
+        synchronized=synchronized, momentum=0.9, epsilon=1e-5,
         gamma_initializer="zeros" if zero_scale else "ones")(x)
     return layers.ReLU()(x) if relu else x
 
@@ -82,7 +90,8 @@ def keras_resnet50(keras, num_classes: int):
   return keras.Model(images, logits)
 
 
-def worker(ours_first: bool, batch: int, iters: int, threads: int):
+def worker(ours_first: bool, batch: int, iters: int, threads: int,
+           synchronized: bool = True):
   """One worker of the job (TF_CONFIG set by the launcher): ours and MWMS.
 
   MWMS starts the worker's server and the replicator joins it; the two
@@ -107,8 +116,8 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int):
   build_s = {}  # what each side does before its first call, as a user writes it
   start = time.perf_counter()
   with repl.context():  # ours makes the variables in the first call
-    model = models.ResNet50(
-        num_classes=_CLASSES, norm_factory=models.batch_norm_factory(cross_replica=True))
+    model = models.ResNet50(num_classes=_CLASSES, norm_factory=models.batch_norm_factory(
+        cross_replica=synchronized))
     optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01, momentum=0.9))
   build_s["ours"] = time.perf_counter() - start
 
@@ -125,7 +134,7 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int):
   mwms_ds = make_ds()
   start = time.perf_counter()
   with strategy.scope():  # MWMS needs the variables before its step (eagerly)
-    keras_model = keras_resnet50(keras, _CLASSES)
+    keras_model = keras_resnet50(keras, _CLASSES, synchronized)
     keras_optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
     keras_optimizer.build(keras_model.trainable_variables)
   iterator = iter(strategy.distribute_datasets_from_function(lambda ctx: mwms_ds))
@@ -157,11 +166,22 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int):
   seconds = common.median_seconds_alternating(calls, iters, warmup=1)
   parameters = {"ours": count(model.trainable_variables),  # built in the first call
                 "MWMS": count(keras_model.trainable_variables)}
+  losses = {name: float(call()) for name, call in calls.items()}
+  # Whether every worker holds the same moving averages, on each side: a CRC of
+  # their bytes, gathered over the workers by MWMS.
+  crcs = tf.constant([[zlib.crc32(b"".join(v.numpy().tobytes() for v in variables))
+                       for variables in (
+                           [v for v in model.variables if not v.trainable],
+                           keras_model.non_trainable_weights)]], tf.int64)
+  every = strategy.experimental_local_results(strategy.run(
+      lambda: tf.distribute.get_replica_context().all_gather(crcs, axis=0)))[0].numpy()
+  same = {"ours": bool((every[:, 0] == every[0, 0]).all()),
+          "MWMS": bool((every[:, 1] == every[0, 1]).all())}
   print("RESULT " + json.dumps(
       {name: {"ms_per_step": 1e3 * seconds[name], "first_call_s": first_call_s[name],
-              "build_s": build_s[name],
-              "loss": float(call()), "parameters": parameters[name]}
-       for name, call in calls.items()}), flush=True)
+              "build_s": build_s[name], "loss": losses[name],
+              "moving_averages_alike": same[name], "parameters": parameters[name]}
+       for name in calls}), flush=True)
   repl.shutdown()
 
 
@@ -171,15 +191,18 @@ def main():
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--iters", type=int, default=15, help="timed calls per job")
   parser.add_argument("--batch", type=int, default=4, help="images per worker")
+  parser.add_argument("--statistics", default="global", choices=["global", "per-worker"],
+                      help="batch-norm statistics over the global batch or each worker's")
   parser.add_argument("--json", default=None)
   parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  synchronized = args.statistics == "global"
   if args.worker:
-    worker(args.worker == "ours first", args.batch, args.iters, args.threads)
+    worker(args.worker == "ours first", args.batch, args.iters, args.threads, synchronized)
     return
   counts = [int(w) for w in args.workers.split(",")]
-  best, first, to_loss, rounds, losses, parameters = {}, {}, {}, [], {}, {}
+  best, first, to_loss, rounds, losses, parameters, alike = {}, {}, {}, [], {}, {}, {}
   for round_index in range(args.rounds):
     rounds.append({})
     for workers in counts:
@@ -187,7 +210,8 @@ def main():
       results = common.run_job(
           "benchmarks.bn_step",
           ["--worker", "ours first" if ours_first else "MWMS first",
-           "--batch", str(args.batch), "--iters", str(args.iters)],
+           "--batch", str(args.batch), "--iters", str(args.iters),
+           "--statistics", args.statistics],
           workers)
       for variant in VARIANTS:
         result = results[variant]
@@ -202,10 +226,13 @@ def main():
                            result["build_s"] + result["first_call_s"])
         rounds[-1][key] = result["ms_per_step"]
         losses[key] = result["loss"]
+        alike[key] = alike.get(key, True) and result["moving_averages_alike"]
         print(f"round {round_index + 1}, {key}: {result['ms_per_step']:.1f} ms/step, "
               f"first call {result['first_call_s']:.1f} s, loss {result['loss']:.4f}",
               flush=True)
   result = {"machine": common.machine(), "batch_per_worker": args.batch,
+            "statistics": args.statistics,
+            "moving averages the same bits on every worker (every round)": alike,
             "image_size": _IMAGE, "iters": args.iters,
             "trainable parameters": parameters,
             "ms_per_step (best of rounds)": best,

@@ -39,6 +39,8 @@ COMMANDS = {
     "gather_step": "python -m benchmarks.gather_step --workers 2,4 --rounds 3",
     "first_step": "python -m benchmarks.first_step --replicas 1,2 --rounds 3",
     "bn_step": "python -m benchmarks.bn_step --workers 2,4 --rounds 3",
+    "bn_step_per_worker": ("python -m benchmarks.bn_step --workers 2,4 --rounds 3 "
+                           "--statistics per-worker"),
 }
 # Run on the device machine by benchmarks/device/run.sh (DEVICE.md), not by `run_all`:
 # their JSON comes back from there into results/, each naming the command that made it.
@@ -322,25 +324,38 @@ def bn_step_section(r):
   first = r.get("first_call_s (best of rounds)", {})
   to_loss = r.get("to_first_loss_s (best of rounds)")  # since 2026-11-26
   losses = r.get("loss of worker 0 after the same steps (last round)", {})
+  alike = r.get("moving averages the same bits on every worker (every round)")  # since 6a4c86c
   rows = [[k, f"{v:.1f}", f"{first[k]:.1f}" if k in first else ""]
           + ([f"{to_loss[k]:.1f}"] if to_loss else [])
-          + [f"{losses[k]:.4f}" if k in losses else ""] for k, v in ms.items()]
+          + [f"{losses[k]:.4f}" if k in losses else ""]
+          + (["yes" if alike.get(k) else "**no**"] if alike else []) for k, v in ms.items()]
   parameters = ", ".join(f"{k} {v:,}" for k, v in r["trainable parameters"].items())
+  synchronized = r.get("statistics", "global") == "global"
   return "\n\n".join([
-      "## Synchronized batch norm in a training step (ResNet-50 v1.5, "
-      f"{r['image_size']}x{r['image_size']}, {r['batch_per_worker']} images per worker, "
-      "statistics over the global batch)",
-      f"`{COMMANDS['bn_step']}` ({_SAME_JOB}each worker process: cores / W "
-      "intra-op threads; "
-      "ours: Sonnet with `CrossReplicaBatchNorm`; MWMS: Keras with "
-      "`BatchNormalization(synchronized=True)`; trainable parameters: "
-      f"{parameters}; ms: worker 0's median call of {r['iters']}, one step a call, "
-      "best of the rounds; first call: ours builds the model in it, MWMS before it, "
-      "the two timed one after the other, ours first in odd rounds; "
-      "the losses differ because the initial values do)",
+      ("## Synchronized batch norm in a training step (ResNet-50 v1.5, " if synchronized else
+       "## Per-worker batch norm in a training step (ResNet-50 v1.5, ")
+      + f"{r['image_size']}x{r['image_size']}, {r['batch_per_worker']} images per worker, "
+      + ("statistics over the global batch)" if synchronized else
+         "statistics over each worker's batch, moving averages kept the same everywhere "
+         "by ours)"),
+      f"`{COMMANDS['bn_step' if synchronized else 'bn_step_per_worker']}` ({_SAME_JOB}"
+      "each worker process: cores / W intra-op threads; "
+      + ("ours: Sonnet with `CrossReplicaBatchNorm`; MWMS: Keras with "
+         "`BatchNormalization(synchronized=True)`; " if synchronized else
+         "ours: Sonnet with `snt.BatchNorm`, whose moving averages the replicator "
+         "averages over the workers where they differ; MWMS: Keras with "
+         "`BatchNormalization(synchronized=False)`; ")
+      + f"trainable parameters: {parameters}; ms: worker 0's median call of {r['iters']}, "
+      "one step a call, best of the rounds; first call: ours builds the model in it, "
+      "MWMS before it, the two timed one after the other, ours first in odd rounds; "
+      "the losses differ because the initial values do"
+      + ("; the moving averages: whether every worker held the same bits after the "
+         "timed calls, in every round (a CRC of their bytes, gathered)" if alike else "")
+      + ")",
       _table(rows, ["variant", "ms/step", "first call, s"]
              + (["build (MWMS: eagerly, before its step) + first call, s"] if to_loss else [])
-             + ["worker 0's loss after the same steps"]),
+             + ["worker 0's loss after the same steps"]
+             + (["moving averages the same on every worker"] if alike else [])),
       _mwms_over_ours_table(r)])
 
 
@@ -414,7 +429,8 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
                         ("checkpoint_roundtrip", checkpoint_section),
                         ("gather_step", gather_section),
                         ("first_step", first_step_section),
-                        ("bn_step", bn_step_section)):
+                        ("bn_step", bn_step_section),
+                        ("bn_step_per_worker", bn_step_section)):
     result = _load(name)
     if result is None:
       sections.append(f"## {name}\n\nNot run yet: `{COMMANDS[name]}`.")
