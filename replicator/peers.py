@@ -200,8 +200,11 @@ def kernel_fingerprint() -> str:
   except OSError:
     parts.append(platform.processor())
   for device in tf.config.list_physical_devices():
-    details = ({} if device.device_type == "CPU"
-               else tf.config.experimental.get_device_details(device))
+    try:
+      details = ({} if device.device_type == "CPU"
+                 else tf.config.experimental.get_device_details(device))
+    except (ValueError, tf.errors.OpError):  # a kind that keeps no details
+      details = {}
     parts.append(f"{device.device_type} {sorted(details.items())}")
   parts += [f"{key}={value}" for key, value in sorted(os.environ.items())
             if key.startswith(("TF_", "XLA_", "ONEDNN", "DNNL", "MKL"))
