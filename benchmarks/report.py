@@ -130,7 +130,8 @@ def step_rate_section(r, command=COMMANDS["step_rate"]):
 
 
 # The library's default bucket options (`AllReduceOptions().pack_bytes` in MiB,
-# `.buckets_in_flight`); tests/test_collectives.py keeps them equal.
+# `.lanes(crowded=False)`: 1 where a host runs more workers than cores);
+# tests/test_collectives.py keeps them equal.
 DEFAULT_BUCKETS = (16, 2)
 # What the benchmark's older variant names mean.
 _ALLREDUCE_LABELS = {

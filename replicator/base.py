@@ -56,6 +56,7 @@ class Replicator:
       # Collectives wait as long as it takes; the heartbeat decides liveness.
       self._workers = cluster.CollectiveKeys(mesh.num_workers, mesh.worker_index,
                                              timeout_s=0)
+      self._workers.crowded = cluster.host_is_crowded(mesh)
       self._placement = tuple(cluster.device_name(mesh.worker_index, d)
                               for d in (placement or mesh.local_devices))
       self._peers = peers.Peers(mesh, self._workers, self._placement[0],

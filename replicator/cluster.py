@@ -6,6 +6,7 @@ authenticated: run them on a trusted network only.
 """
 
 import itertools
+import os
 import threading
 import time
 from typing import Optional
@@ -148,6 +149,9 @@ class CollectiveKeys:
     # Every worker runs the same TensorFlow on the same hardware (known once
     # they joined: `peers.kernel_fingerprint`).
     self.alike = False
+    # This host runs more of the job's workers than it has cores
+    # (`host_is_crowded`): buckets go one at a time by default.
+    self.crowded = False
     self._signatures = {}  # key -> what its collective carries
     self._assumed = []  # what traced steps count on every worker sharing
     self._checks = itertools.count(self._CHECK_KEYS)
@@ -219,6 +223,24 @@ class WorkerLost(RuntimeError):
         "the last checkpoint (replicator.Checkpointer.restore_latest()).")
     self.worker = worker
     self.step = step
+
+
+def host_is_crowded(mesh: Mesh) -> bool:
+  """Whether this worker's host runs more of the job's workers than it has cores.
+
+  Hosts are told apart by their addresses' names as written in the cluster
+  ("127.0.0.1" and "localhost" count as two).
+  """
+  if not mesh.worker_addresses:
+    return False
+  host = lambda address: address.rsplit(":", 1)[0]
+  mine = host(mesh.worker_addresses[mesh.worker_index])
+  here = sum(1 for address in mesh.worker_addresses if host(address) == mine)
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    cores = os.cpu_count() or 1
+  return here > cores
 
 
 def _check_peer(worker: int, timeout_s: float) -> None:

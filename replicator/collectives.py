@@ -170,7 +170,8 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
     packable = all(t.shape.is_fully_defined() for t in first)
     groups = (packing.buckets(first, options.pack_bytes) if packable
               else [[i] for i in range(len(first))])
-    lanes = _lanes(options.buckets_in_flight, len(groups), devices[0], workers)
+    lanes = _lanes(options.lanes(getattr(workers, "crowded", False)), len(groups),
+                   devices[0], workers)
     for number, group in enumerate(groups):
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None

@@ -8,7 +8,7 @@ built, so a bad argument fails on one replica too, naming what to change.
 import dataclasses
 import enum
 import numbers
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -25,6 +25,10 @@ class Compression(enum.Enum):
   NONE = None
   BF16 = tf.bfloat16
   FP16 = tf.float16
+
+
+# Buckets in flight by default, where a host has a core per worker.
+BUCKETS_IN_FLIGHT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +65,10 @@ class AllReduceOptions:
       32 MiB bucket at a time, 8 MiB x 4 ran a 25.6 MB gradient set's float32
       all-reduce 1.9x faster at 2 and 4 workers and 1.07x at 8; with 16 MiB
       x 2 (the default) bfloat16 at 8 workers ran 1.65x-1.74x MWMS's float32,
-      against 1.44x-1.52x for one bucket. Where workers
-      share too few cores (4 workers on 2 cores) it cost up to 10%: set 1
-      there to send the buckets one after another (benchmarks/NOTES.md).
+      against 1.44x-1.52x for one bucket. None (the default): 2, or 1
+      where this host runs more of the job's workers than it has cores:
+      there (4 workers on 2 cores) side by side cost 8-11% against MWMS's
+      one pack, one at a time was level (benchmarks/NOTES.md).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers). The constructor waits at
@@ -73,18 +78,27 @@ class AllReduceOptions:
   compression: Compression = Compression.NONE
   timeout_s: float = 60.0
   sum_in_float32: bool = False
-  buckets_in_flight: int = 2
+  buckets_in_flight: Optional[int] = None
+
+  def lanes(self, crowded: bool) -> int:
+    """Buckets in flight: as set, else 2, or 1 on a `crowded` host (more
+    workers than cores)."""
+    if self.buckets_in_flight is not None:
+      return self.buckets_in_flight
+    return 1 if crowded else BUCKETS_IN_FLIGHT
 
   def __post_init__(self):
     if (not isinstance(self.pack_bytes, int) or isinstance(self.pack_bytes, bool)
         or self.pack_bytes <= 0):
       raise ValueError(
           f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
-    if (not isinstance(self.buckets_in_flight, int)
+    if self.buckets_in_flight is not None and (
+        not isinstance(self.buckets_in_flight, int)
         or isinstance(self.buckets_in_flight, bool) or self.buckets_in_flight < 1):
       raise ValueError(
-          f"buckets_in_flight: expected a positive int, got "
-          f"{self.buckets_in_flight!r}; 1 sends buckets one after another.")
+          f"buckets_in_flight: expected a positive int or None (2, or 1 on a host "
+          f"with more workers than cores), got {self.buckets_in_flight!r}; 1 sends "
+          "buckets one after another.")
     if not isinstance(self.compression, Compression):
       raise TypeError(
           f"compression: expected a replicator.Compression, got "

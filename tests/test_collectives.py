@@ -1,5 +1,7 @@
 """Every collective against NumPy, for 1, 2 and 4 replicas, nests and dtypes."""
 
+import os
+
 import numpy as np
 import pytest
 import sonnet as snt
@@ -11,6 +13,7 @@ from replicator import between_workers
 from replicator import cluster
 from replicator import collectives
 from replicator import gathering
+from replicator import mesh as mesh_lib
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
 # Relative rounding bound of each compression (half an ulp is 2**-8 / 2**-11).
@@ -300,6 +303,37 @@ def test_a_compressed_sum_is_widened_once_on_cpus_and_on_each_gpu(
   assert widened == widened_where
 
 
+@pytest.mark.parametrize("crowded,in_flight,lanes", [
+    (False, None, 2), (True, None, 1), (True, 3, 3), (False, 1, 1)])
+def test_a_crowded_host_sends_buckets_one_at_a_time_unless_told(crowded, in_flight, lanes):
+  """By default 2 buckets cross side by side, 1 where the host runs more
+  workers than it has cores (they would compete for the cores); a number
+  given is kept."""
+  workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
+  workers.crowded = crowded
+
+  @tf.function
+  def fn():
+    values = [[tf.constant(np.ones(10, np.float32)) for _ in range(5)]]
+    return collectives.all_reduce(
+        values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
+        replicator.AllReduceOptions(pack_bytes=40, buckets_in_flight=in_flight),
+        num_replicas=2, workers=workers)
+
+  graph = fn.get_concrete_function().graph
+  tokens = {op.name for op in graph.get_operations() if op.type == "VarHandleOp"}
+  assert len(tokens) == (0 if lanes == 1 else lanes)
+
+
+def test_a_host_is_crowded_with_more_of_the_jobs_workers_than_cores(monkeypatch):
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+  addresses = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "10.0.0.2:4"]
+  crowded = [cluster.host_is_crowded(mesh_lib.Mesh(["CPU:0"], 4, w, addresses))
+             for w in range(4)]
+  assert crowded == [True, True, True, False]  # 3 on 2 cores; 1 on 2
+  assert not cluster.host_is_crowded(mesh_lib.Mesh(["CPU:0"], 4, 0, addresses[1:] + ["a:5"]))
+
+
 def test_one_worker_or_one_bucket_has_no_lanes():
   """Nothing to overlap: no tokens, the plain chain."""
   for num_workers, pack_bytes in ((1, 40), (2, 2**20)):
@@ -323,7 +357,8 @@ def test_benchmarks_name_the_library_default_buckets():
   from benchmarks import allreduce as bench  # pylint: disable=g-import-not-at-top
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   options = replicator.AllReduceOptions()
-  default = (options.pack_bytes // 2**20, options.buckets_in_flight)
+  # buckets in flight where a host has a core per worker (else 1)
+  default = (options.pack_bytes // 2**20, options.lanes(crowded=False))
   assert options.pack_bytes == default[0] * 2**20
   assert report.DEFAULT_BUCKETS == default
   named = {f"ours {dtype}, {default[0]}MB buckets, {default[1]} in flight"
