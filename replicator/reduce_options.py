@@ -67,8 +67,9 @@ class AllReduceOptions:
       x 2 (the default) bfloat16 at 8 workers ran 1.65x-1.74x MWMS's float32,
       against 1.44x-1.52x for one bucket. None (the default): 2, or 1
       where this host runs more of the job's workers than it has cores:
-      there (4 workers on 2 cores) side by side cost 8-11% against MWMS's
-      one pack, one at a time was level (benchmarks/NOTES.md).
+      there (4 workers on 2 cores) two side by side compete for the cores,
+      and one at a time ran the bfloat16 all-reduce 1.61x MWMS's float32
+      against 1.49x (benchmarks/RESULTS.md, item 3).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers). The constructor waits at
