@@ -81,7 +81,7 @@ def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf,
   allowed = _ELEMENTWISE if alike else _EXACT
   if not tf.is_symbolic_tensor(value):
     return None
-  captured = {id(internal): external for external, internal in value.graph.captures}
+  captured = None  # built once a placeholder is met, as `_Walk` does
   constants = []  # in the walk's order, which the same program gives every worker
   seen = set()
   pending = [value]
@@ -103,6 +103,8 @@ def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf,
           f"{tensor.dtype.name}{list(values.shape)} sha256 "
           + hashlib.sha256(values.tobytes()).hexdigest()[:12])
     elif op.type == "Placeholder":
+      if captured is None:
+        captured = _captured_by(value.graph)
       external = captured.get(id(tensor))
       if external is None or copy_of(external) is None:
         return None  # an argument, or a value captured from this process
@@ -125,6 +127,11 @@ def same_on_every_replica(values: Sequence[tf.Tensor], copy_of: CopyOf) -> bool:
   if any(value.graph is not graph for value in values):
     return False
   return _Walk(graph, copy_of).same(tuple(values))
+
+
+def _captured_by(graph) -> Dict[int, object]:
+  """The id of each placeholder of `graph` that captured something -> that thing."""
+  return {id(internal): external for external, internal in graph.captures}
 
 
 def _attrs(op) -> dict:
@@ -173,8 +180,7 @@ class _Walk:
   def _same_copies(self, placeholders) -> bool:
     """Whether replica r's placeholder captures the handle of copy r of one variable."""
     if self._captured is None:
-      self._captured = {id(internal): external
-                        for external, internal in self._graph.captures}
+      self._captured = _captured_by(self._graph)
     owners = set()
     for replica, placeholder in enumerate(placeholders):
       external = self._captured.get(id(placeholder))
