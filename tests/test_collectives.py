@@ -213,12 +213,10 @@ def test_buckets_cross_workers_last_layer_first():
   assert [layers_feeding(op) for op in reductions] == [{3, 4}, {2}, {1}, {0}]
 
 
-@pytest.mark.parametrize("in_flight", [1, 2, 3])
-def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
-  """With k buckets in flight, bucket i's collective waits for bucket i - k
-  only (same ordering token); with 1 every collective waits for the previous
-  one, as tf.function orders collectives without tokens."""
+def _five_buckets_between_two_workers(in_flight, crowded=False):
+  """The graph of a sum of 5 one-tensor buckets between 2 workers (traced only)."""
   workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
+  workers.crowded = crowded
 
   @tf.function
   def fn():
@@ -228,7 +226,15 @@ def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
         replicator.AllReduceOptions(pack_bytes=40, buckets_in_flight=in_flight),
         num_replicas=2, workers=workers)
 
-  graph = fn.get_concrete_function().graph
+  return fn.get_concrete_function().graph
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 3])
+def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
+  """With k buckets in flight, bucket i's collective waits for bucket i - k
+  only (same ordering token); with 1 every collective waits for the previous
+  one, as tf.function orders collectives without tokens."""
+  graph = _five_buckets_between_two_workers(in_flight)
   reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
   assert len(reductions) == 5
   for i, op in enumerate(reductions):
@@ -309,18 +315,7 @@ def test_a_crowded_host_sends_buckets_one_at_a_time_unless_told(crowded, in_flig
   """By default 2 buckets cross side by side, 1 where the host runs more
   workers than it has cores (they would compete for the cores); a number
   given is kept."""
-  workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
-  workers.crowded = crowded
-
-  @tf.function
-  def fn():
-    values = [[tf.constant(np.ones(10, np.float32)) for _ in range(5)]]
-    return collectives.all_reduce(
-        values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
-        replicator.AllReduceOptions(pack_bytes=40, buckets_in_flight=in_flight),
-        num_replicas=2, workers=workers)
-
-  graph = fn.get_concrete_function().graph
+  graph = _five_buckets_between_two_workers(in_flight, crowded)
   tokens = {op.name for op in graph.get_operations() if op.type == "VarHandleOp"}
   assert len(tokens) == (0 if lanes == 1 else lanes)
 
