@@ -38,6 +38,10 @@ import tensorflow as tf
 
 # A captured handle -> (its variable's key, the local replica whose copy it is), or None.
 CopyOf = Callable[[object], Optional[Tuple[int, int]]]
+# Whether a ReadVariableOp reads a copy written in the step but not merged yet
+# (`context.DeferredMerges.read_after_write`): replicas may hold different values.
+ReadAfterWrite = Callable[[tf.Operation], bool]
+_NEVER = lambda op: False
 
 # Ops that compute each output element from the same elements of their inputs
 # (or only move them), with no state: the same inputs give the same bits.
@@ -67,8 +71,9 @@ _EXACT = frozenset({
 })
 
 
-def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf,
-                         alike: bool = False) -> Optional[List[str]]:
+def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf, alike: bool = False,
+                         read_after_write: ReadAfterWrite = _NEVER
+                         ) -> Optional[List[str]]:
   """The constants on which `value` is the same bits on every worker, or None.
 
   Not None: `value` is computed by exact integer or boolean ops from reads of
@@ -76,7 +81,9 @@ def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf,
   and is the same on every worker where the returned descriptions of those
   constants are. Where the workers are `alike` (the same TensorFlow on the
   same hardware, `peers.kernel_fingerprint`), also by elementwise ops on
-  floats: the same kernel on the same inputs gives the same bits.
+  floats: the same kernel on the same inputs gives the same bits. A read of
+  a copy whose merge waits for the step's end (`read_after_write`) is not
+  the same anywhere.
   """
   allowed = _ELEMENTWISE if alike else _EXACT
   if not tf.is_symbolic_tensor(value):
@@ -108,25 +115,27 @@ def same_on_every_worker(value: tf.Tensor, copy_of: CopyOf,
       external = captured.get(id(tensor))
       if external is None or copy_of(external) is None:
         return None  # an argument, or a value captured from this process
-    elif op.type in allowed:
+    elif op.type in allowed and not read_after_write(op):
       pending.extend(op.inputs)
     else:
       return None
   return constants
 
 
-def same_on_every_replica(values: Sequence[tf.Tensor], copy_of: CopyOf) -> bool:
+def same_on_every_replica(values: Sequence[tf.Tensor], copy_of: CopyOf,
+                          read_after_write: ReadAfterWrite = _NEVER) -> bool:
   """Whether `values` (local replica r's in place r) hold the same bits at run time.
 
   `copy_of` says which variable, and which replica's copy of it, a resource
-  handle the step captured is (`variable_registry.copy_of_handle`).
+  handle the step captured is (`variable_registry.copy_of_handle`);
+  `read_after_write`, which reads see a copy before its merge.
   """
   if any(not tf.is_symbolic_tensor(value) for value in values):
     return False
   graph = values[0].graph
   if any(value.graph is not graph for value in values):
     return False
-  return _Walk(graph, copy_of).same(tuple(values))
+  return _Walk(graph, copy_of, read_after_write).same(tuple(values))
 
 
 def _captured_by(graph) -> Dict[int, object]:
@@ -142,10 +151,11 @@ def _attrs(op) -> dict:
 class _Walk:
   """One comparison, memoized over tuples of tensors (one per replica)."""
 
-  def __init__(self, graph, copy_of: CopyOf):
+  def __init__(self, graph, copy_of: CopyOf, read_after_write: ReadAfterWrite):
     self._graph = graph
     self._captured = None  # id of a placeholder -> what it captured, once needed
     self._copy_of = copy_of
+    self._read_after_write = read_after_write
     self._known: Dict[Tuple[int, ...], bool] = {}
 
   def same(self, tensors: Tuple[tf.Tensor, ...]) -> bool:
@@ -173,6 +183,8 @@ class _Walk:
     if kind == "IdentityN":  # (collectives' outputs, for their gradients) output i is input i
       return self.same(tuple(op.inputs[t.value_index] for op, t in zip(ops, tensors)))
     if kind not in _ELEMENTWISE or any(len(op.inputs) != len(ops[0].inputs) for op in ops):
+      return False
+    if any(self._read_after_write(op) for op in ops):
       return False
     return all(self.same(tuple(op.inputs[i] for op in ops))
                for i in range(len(ops[0].inputs)))

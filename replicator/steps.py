@@ -259,9 +259,17 @@ class CompiledStep:
     batches = [None] * n if iterator is None else [(iterator.element_spec,)] * n
     self._creating = creating
     try:
-      with self._factory.creating() if creating else contextlib.nullcontext(set()) \
-          as initializers:
-        concrete = self._replicated_step.get_concrete_function(batches, args, _GATE_SPEC)
+      while True:
+        with self._factory.creating() if creating else contextlib.nullcontext(set()) \
+            as initializers:
+          try:
+            concrete = self._replicated_step.get_concrete_function(batches, args, _GATE_SPEC)
+            break
+          except context.MergeAtWrite as read:
+            # Again, merging these where they are written (context.DeferredMerges);
+            # the variables the first trace made are made (`creating` fills them).
+            for variable in read.variables:
+              variable._merge_at_write = True  # pylint: disable=protected-access
     except op_selector.UnliftableError as error:
       raise step_errors.data_dependent_initializer(error, self._step_fn) from error
     finally:

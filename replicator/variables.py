@@ -5,7 +5,10 @@ inside a step is aggregated first (mean for floats, replica 0's value for
 integers, or the variable's own `aggregation`), so the copies never drift.
 With SUM, `assign_add` sums the replicas' deltas; `assign` sums the assigned
 values, except on an ON_READ variable (a metric's accumulator), where it sums
-the changes. Outside a step, reads see copy 0 and writes go to every copy.
+the changes. A float mean's merge waits for the end of the step, where every
+variable so written is averaged in one all-reduce, unless the step reads the
+copy in between (`context.DeferredMerges`). Outside a step, reads see copy 0
+and writes go to every copy.
 """
 
 from typing import List, Sequence
@@ -50,6 +53,9 @@ class ReplicatedVariable(tf.Variable):
     # total once per replica, so the replicas' changes are summed instead.
     self._sums_changes = (self._reduce_op is reduce_options.ReduceOp.SUM and
                           primary.synchronization == tf.VariableSynchronization.ON_READ)
+    # A step read this variable between a write and the step's end, where it
+    # matters: its writes are merged where they are made (`_defers`).
+    self._merge_at_write = False
     variable_registry.register_copy(primary, 0, self)
 
   def _materialize(self):
@@ -179,13 +185,29 @@ class ReplicatedVariable(tf.Variable):
       if method == "assign" and self._sums_changes:
         old = copy.read_value()
         return copy.assign(old + self._aggregate(replica, value - old), **kwargs)
-      value = self._aggregate(replica, value)
+      defers = self._defers(replica)
+      value = self._aggregate(replica, value, defer=defers)
+      if isinstance(value, _Deferred):  # written here, merged at the step's end
+        replica.group.deferred.add(
+            self, tf.compat.v1.get_default_graph().capture(copy.handle), merge_deferred)
+        value = value.value
     return getattr(copy, method)(value, **kwargs)
 
-  def _aggregate(self, replica, value):
+  def _defers(self, replica) -> bool:
+    """Whether this write's merge may wait for the step's end (`context.DeferredMerges`).
+
+    A mean's may: the mean of what each replica's writes leave. Not inside a
+    `tf.cond` or loop of step_fn, where the end could not follow the write.
+    """
+    return (self._reduce_op is reduce_options.ReduceOp.MEAN and not self._merge_at_write
+            and tf.compat.v1.get_default_graph() is replica.group.step_graph)
+
+  def _aggregate(self, replica, value, defer: bool = False):
     group = replica.group
     op = self._reduce_op
-    if op is None:
+    if defer:
+      merge = lambda values: [[_Deferred(v) for v in replica] for replica in values]
+    elif op is None:
       merge = lambda values: collectives.broadcast(
           values, 0, group.devices, group.num_replicas, group.first_replica_id,
           group.workers)
@@ -195,7 +217,8 @@ class ReplicatedVariable(tf.Variable):
           workers=group.workers)
     if op is not reduce_options.ReduceOp.SUM:
       # a mean, or the first replica's value, of one value is that value
-      merge = _unless_the_same(merge, self.name, group.workers)
+      merge = _unless_the_same(merge, self.name, group.workers,
+                               group.deferred.read_after_write)
     return replica.collective(f"an update of variable {self.name}", [value],
                               merge)[0]
 
@@ -337,7 +360,7 @@ class ReplicatedVariable(tf.Variable):
         self, proto, options)
 
 
-def _unless_the_same(merge, name: str, workers):
+def _unless_the_same(merge, name: str, workers, read_after_write):
   """`merge`, but where every replica's value is the same bits (see
   `same_values`), each replica keeps its own.
 
@@ -346,18 +369,44 @@ def _unless_the_same(merge, name: str, workers):
   """
   def merge_unless_the_same(values):
     firsts = [replica[0] for replica in values]
-    if not same_values.same_on_every_replica(firsts, variable_registry.copy_of_handle):
+    if not same_values.same_on_every_replica(firsts, variable_registry.copy_of_handle,
+                                             read_after_write):
       return merge(values)
     if workers is None:
       return values
     constants = same_values.same_on_every_worker(
-        firsts[0], variable_registry.copy_of_handle, alike=workers.alike)
+        firsts[0], variable_registry.copy_of_handle, alike=workers.alike,
+        read_after_write=read_after_write)
     if constants is None:
       return merge(values)
     workers.assume_same(f"an update of variable {name} from constants "
                         f"{', '.join(constants) or '(none)'}")
     return values
   return merge_unless_the_same
+
+
+class _Deferred:
+  """A replica's value whose merge waits for the step's end."""
+
+  def __init__(self, value):
+    self.value = value
+
+
+def merge_deferred(deferred: context.DeferredMerges):
+  """At the end of this replica's step: every deferred variable's copies
+  averaged, in one packed all-reduce, and written back."""
+  replica = context.current()
+  group = replica.group
+  copies = [variable._copy_to_write(replica)  # pylint: disable=protected-access
+            for variable in deferred.variables.values()]
+  values = [copy.value() for copy in copies]
+  merged = replica.collective(
+      "the merge of the variables written in the step", values,
+      lambda values: collectives.all_reduce(
+          values, reduce_options.ReduceOp.MEAN, group.devices,
+          num_replicas=group.num_replicas, workers=group.workers))
+  writes = [copy.assign(value, read_value=False) for copy, value in zip(copies, merged)]
+  deferred.own([value.op for value in values] + writes)
 
 
 tensor_conversion_registry.register_tensor_conversion_function(

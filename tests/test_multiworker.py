@@ -500,6 +500,9 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     # 0 -> 1 -> 4 -> 11
     assert lines["COUNTING"] == ("COUNTING ['all_reduce', 'all_reduce', 'all_reduce', "
                                  "'broadcast', 'broadcast'] 3 11 1 5 0.5"), out
+    # a variable read after its write where it matters (the step's output):
+    # traced again, merged at the write, so both workers return 2 * 1.5
+    assert lines["REREAD"] == "REREAD [3.0] 1.5", out
     # ... and where a Python number differs between workers: an error on each
     assert ("PER_WORKER step_fn: per_worker_fn computes an update of a variable "
             "from constants that differ between workers") in lines["PER_WORKER"], out

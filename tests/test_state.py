@@ -104,6 +104,87 @@ def test_updates_every_replica_computes_alike_are_not_aggregated(name, monkeypat
   repl.assert_replicas_in_sync([counter, scaled, debiased, per_replica, from_sum])
 
 
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_float_writes_merge_once_at_the_end_of_the_step(name, monkeypatch):
+  # snt.BatchNorm's moving averages: a hidden average written, then read into
+  # the debiased one. Both wait for the step's end and are averaged there
+  # together, in one all-reduce (between workers: one round trip, not two a
+  # statistic).
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  calls = []
+  real = collectives.all_reduce
+  monkeypatch.setattr(collectives, "all_reduce", lambda values, *a, **k: (
+      calls.append(len(values[0])), real(values, *a, **k))[1])
+  with repl.context():
+    hidden = tf.Variable([1.0, 2.0])
+    debiased = tf.Variable([0.0, 0.0])
+    other = tf.Variable(0.0)
+
+  def step_fn():
+    r = tf.cast(repl.replica_id, tf.float32)
+    hidden.assign_sub((hidden - r) * 0.5)  # read before the write: the merged value
+    debiased.assign(hidden / 0.75)  # read after: this replica's, merged at the end
+    other.assign(r * r)
+
+  repl.run(step_fn, steps=2)
+  assert calls == [3]  # one all-reduce of the three variables, once in the trace
+  h, d = np.array([1.0, 2.0]), None
+  for _ in range(2):  # the mean of what each replica's writes leave
+    finals = [h - (h - r) * 0.5 for r in range(n)]
+    h, d = np.mean(finals, 0), np.mean([f / 0.75 for f in finals], 0)
+  np.testing.assert_allclose(hidden.numpy(), h, rtol=1e-6)
+  np.testing.assert_allclose(debiased.numpy(), d, rtol=1e-6)
+  np.testing.assert_allclose(float(other), np.mean(np.arange(n) ** 2), rtol=1e-6)
+  repl.assert_replicas_in_sync([hidden, debiased, other])
+
+
+READS_AFTER_A_WRITE = {
+    "returned": lambda v, loss, repl: v.read_value(),
+    "into the loss's gradient": lambda v, loss, repl: loss(v.read_value()),
+    "into a collective": lambda v, loss, repl: repl.all_max(v.read_value()),
+    "inside a tf.cond": lambda v, loss, repl: tf.cond(
+        tf.constant(True), lambda: v * 1.0, lambda: v * 2.0),
+    "by its handle": lambda v, loss, repl: tf.raw_ops.ReadVariableOp(
+        resource=v.handle, dtype=tf.float32),
+}
+
+
+@pytest.mark.parametrize("read", sorted(READS_AFTER_A_WRITE))
+@pytest.mark.parametrize("name", catalogue.MULTI)
+def test_a_read_after_a_write_that_reaches_the_step_sees_the_merged_value(name, read):
+  # Where a read after the write reaches anything but another deferred write,
+  # the step is traced again with that variable merged where it is written:
+  # every replica reads the mean, as a merge at the write gives. (Deferred,
+  # each replica would read its own value, and the outputs would differ.)
+  repl = catalogue.make(name)
+  n = repl.num_replicas
+  with repl.context():
+    stat = tf.Variable(tf.zeros([2]))
+    weight = tf.Variable(3.0)
+    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.5))
+  later = READS_AFTER_A_WRITE[read]
+
+  def loss_of(value):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(value) * weight
+    optimizer.apply(tape.gradient(loss, [weight]), [weight])
+    return tf.fill([2], loss)
+
+  def step_fn():
+    stat.assign(tf.fill([2], tf.cast(repl.replica_id, tf.float32) + 1.0))
+    return tf.convert_to_tensor(later(stat, loss_of, repl)) * 1.0
+
+  out = repl.run(step_fn).numpy()
+  mean = np.mean(np.arange(n) + 1.0)
+  expected = {"into the loss's gradient": 2 * mean * 3.0}.get(read, mean)
+  np.testing.assert_allclose(out, np.full((n, 2), expected), rtol=1e-6)
+  np.testing.assert_allclose(stat.numpy(), [mean, mean], rtol=1e-6)
+  if read == "into the loss's gradient":  # the gradient of sum(stat) * weight
+    np.testing.assert_allclose(float(weight), 3.0 - 0.5 * 2 * mean, rtol=1e-6)
+  repl.assert_replicas_in_sync([stat, weight])
+
+
 def test_only_exact_integer_updates_from_variables_and_constants_match_across_workers():
   # What a worker may leave unmerged: the constants it returns are compared
   # between workers (test_multiworker's COUNTING and PER_WORKER lines).

@@ -286,6 +286,12 @@ def main():
   print(f"ALIKE {repl._workers.alike} {debiased.numpy().tobytes().hex()} "  # pylint: disable=protected-access
         f"{debiased.numpy().tolist()}", flush=True)
 
+  def reread_fn():  # read after its write, into the output: merged at the write
+    mean.assign(tf.cast(repl.replica_id, tf.float32) + 1.0)
+    return mean * 2.0 + tf.cast(counter, tf.float32) * 0.0
+
+  print(f"REREAD {repl.run(reread_fn).numpy().tolist()} {mean.numpy()}", flush=True)
+
   def per_worker_fn():  # a Python number that differs: not the same on both
     counter.assign_add(1 + worker)
     return repl.all_sum(v.read_value())
