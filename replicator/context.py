@@ -292,7 +292,8 @@ class DeferredMerges:
 
   def check_unread(self, outputs):
     """Raises `MergeAtWrite` for the deferred variables read where it matters."""
-    returned = {id(t) for t in tf.nest.flatten(outputs) if tf.is_tensor(t)}
+    returned = {id(t) for t in tf.nest.flatten(outputs, expand_composites=True)
+                if tf.is_tensor(t)}
     read = {}
     for key, (handle, variable) in self._handles.items():
       later = [op for op in handle.consumers()

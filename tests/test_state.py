@@ -185,6 +185,30 @@ def test_a_read_after_a_write_that_reaches_the_step_sees_the_merged_value(name, 
   repl.assert_replicas_in_sync([stat, weight])
 
 
+def test_a_variable_made_in_the_first_step_and_read_after_its_write_is_made_once():
+  # The second trace (merging at the write) finds the module built by the first.
+  repl = catalogue.make("multi_gpu_2")
+
+  class Stat(snt.Module):
+
+    @snt.once
+    def _initialize(self):
+      self.value = tf.Variable(tf.zeros([2]), trainable=False)
+
+    def __call__(self, x):
+      self._initialize()
+      self.value.assign(x)
+      return self.value.read_value() + 0.0  # returned
+
+  with repl.context():
+    stat = Stat()
+  out = repl.run(lambda: stat(tf.fill([2], tf.cast(repl.replica_id, tf.float32))))
+  np.testing.assert_allclose(out.numpy(), [[0.5, 0.5]] * 2)
+  assert len(stat.variables) == 1
+  np.testing.assert_allclose(stat.value.numpy(), [0.5, 0.5])
+  repl.assert_replicas_in_sync(stat.variables)
+
+
 def test_only_exact_integer_updates_from_variables_and_constants_match_across_workers():
   # What a worker may leave unmerged: the constants it returns are compared
   # between workers (test_multiworker's COUNTING and PER_WORKER lines).
