@@ -38,6 +38,13 @@ def _on_gpus(devices: Sequence[str]) -> bool:
   return len(devices) > 1 and all("GPU" in d.upper() for d in devices)
 
 
+def merged_by_collectives(devices: Sequence[str], workers=None) -> bool:
+  """Whether a sum over these replicas takes collective kernels (NCCL between
+  GPUs, a ring between workers), each a launch or a round trip, rather than an
+  `add_n` in the graph."""
+  return _on_gpus(devices) or (workers is not None and workers.num_workers > 1)
+
+
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None, ordering_token=None,
          final_op: str = "Id", finish=None,

@@ -246,7 +246,8 @@ class MergeAtWrite(Exception):
 class DeferredMerges:
   """Variable writes of one step trace whose merge waits for the step's end.
 
-  A float variable averaged over replicas (`snt.BatchNorm`'s moving
+  Where merges are collectives (`collectives.merged_by_collectives`), a
+  float variable averaged over replicas (`snt.BatchNorm`'s moving
   averages, spectral norm's `u`) is written on each replica's copy alone,
   and the copies are averaged once, all in one packed all-reduce, after
   step_fn returns (`variables.merge_deferred`): between workers, 106 round

@@ -104,12 +104,23 @@ def test_updates_every_replica_computes_alike_are_not_aggregated(name, monkeypat
   repl.assert_replicas_in_sync([counter, scaled, debiased, per_replica, from_sum])
 
 
+def _merged_by_collectives(monkeypatch):
+  """Local replicas on logical CPUs merged as on GPUs or several workers, where
+  a merge is a collective and waits for the end of the step (the same code
+  but for the kernel; test_multiworker's agree.py runs it between workers)."""
+  monkeypatch.setattr(collectives, "merged_by_collectives", lambda devices, workers: True)
+
+
+@pytest.mark.parametrize("collective", [True, False], ids=["collectives", "in-graph sums"])
 @pytest.mark.parametrize("name", catalogue.MULTI)
-def test_float_writes_merge_once_at_the_end_of_the_step(name, monkeypatch):
+def test_float_writes_merge_once_at_the_end_of_the_step(name, collective, monkeypatch):
   # snt.BatchNorm's moving averages: a hidden average written, then read into
-  # the debiased one. Both wait for the step's end and are averaged there
-  # together, in one all-reduce (between workers: one round trip, not two a
-  # statistic).
+  # the debiased one. Where merges are collectives both wait for the step's
+  # end and are averaged there together, in one all-reduce (between workers:
+  # one round trip, not two a statistic); where they are sums in the graph,
+  # each merges at its write and the debiased one is computed alike.
+  if collective:
+    _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
   calls = []
@@ -128,7 +139,8 @@ def test_float_writes_merge_once_at_the_end_of_the_step(name, monkeypatch):
     other.assign(r * r)
 
   repl.run(step_fn, steps=2)
-  assert calls == [3]  # one all-reduce of the three variables, once in the trace
+  # one all-reduce of the three variables, once in the trace; or hidden's, other's
+  assert calls == ([3] if collective else [1, 1])
   h, d = np.array([1.0, 2.0]), None
   for _ in range(2):  # the mean of what each replica's writes leave
     finals = [h - (h - r) * 0.5 for r in range(n)]
@@ -152,11 +164,13 @@ READS_AFTER_A_WRITE = {
 
 @pytest.mark.parametrize("read", sorted(READS_AFTER_A_WRITE))
 @pytest.mark.parametrize("name", catalogue.MULTI)
-def test_a_read_after_a_write_that_reaches_the_step_sees_the_merged_value(name, read):
+def test_a_read_after_a_write_that_reaches_the_step_sees_the_merged_value(
+    name, read, monkeypatch):
   # Where a read after the write reaches anything but another deferred write,
   # the step is traced again with that variable merged where it is written:
   # every replica reads the mean, as a merge at the write gives. (Deferred,
   # each replica would read its own value, and the outputs would differ.)
+  _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
   with repl.context():
@@ -185,8 +199,10 @@ def test_a_read_after_a_write_that_reaches_the_step_sees_the_merged_value(name, 
   repl.assert_replicas_in_sync([stat, weight])
 
 
-def test_a_variable_made_in_the_first_step_and_read_after_its_write_is_made_once():
+def test_a_variable_made_in_the_first_step_and_read_after_its_write_is_made_once(
+    monkeypatch):
   # The second trace (merging at the write) finds the module built by the first.
+  _merged_by_collectives(monkeypatch)
   repl = catalogue.make("multi_gpu_2")
 
   class Stat(snt.Module):
