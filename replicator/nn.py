@@ -1,5 +1,7 @@
 """Sonnet modules that need the whole global batch."""
 
+import contextlib
+
 import sonnet as snt
 import tensorflow as tf
 
@@ -55,8 +57,14 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
       # (every replica gets the one sum a collective makes), so each replica
       # updates its own copy of the averages, as Horovod's and PyTorch's
       # synchronized batch norms do: averaging them over replicas again would
-      # cost 6 collectives per layer and change nothing.
-      with context.writing_locally():
+      # cost 6 collectives per layer and change nothing. Not on workers that
+      # are not alike (`peers.kernel_fingerprint`): each combines the gathered
+      # statistics itself, and another CPU may round that by a bit, so the
+      # copies would drift. There the averages are merged, at the end of the
+      # step with every other such write (one all-reduce for the model).
+      workers = replica.group.workers if replica is not None else None
+      alike = workers is None or workers.num_workers == 1 or workers.alike
+      with context.writing_locally() if alike else contextlib.nullcontext():
         self.moving_mean.update(mean)
         self.moving_variance.update(variance)
     return out

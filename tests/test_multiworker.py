@@ -446,6 +446,29 @@ def test_resume_after_a_kill_equals_an_uninterrupted_run_and_restores_anywhere(t
         np.testing.assert_array_equal(copy.numpy(), straight[f"s{i}"])
 
 
+def test_synchronized_batch_norm_on_workers_that_are_not_alike_merges_its_averages():
+  """Workers whose kernels may round differently (another CPU: here another
+  fingerprint) each combine the gathered statistics themselves, so the moving
+  averages are merged, at the step's end, in one all-reduce, and the workers
+  hold the same bits (alike workers update their own: no all-reduce)."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "multiworker"))
+  import unlike  # pylint: disable=g-import-not-at-top
+  results = _run_workers([], timeout_s=120, wait_for=(0, 1), script="unlike.py")
+  lines = [re.search(r"UNLIKE (\S+) (\[.*?\]) (\S+) (.*)", out) for _, out in results]
+  assert all(lines), results
+  assert lines[0].group(1) == "False", results
+  # the hidden and debiased averages of the mean and the variance: 4 tensors
+  assert json.loads(lines[0].group(2)) == [4], results
+  assert lines[0].group(3) == lines[1].group(3), results  # the same bits
+  hidden = np.zeros(unlike.CHANNELS)
+  batches = [unlike.data(w).reshape(unlike.STEPS, unlike.BATCH, -1) for w in (0, 1)]
+  for step in range(unlike.STEPS):  # the global batch's mean, Sonnet's debiased EMA
+    mean = np.concatenate([b[step] for b in batches]).mean(0)
+    hidden -= (hidden - mean) * (1 - unlike.DECAY)
+  np.testing.assert_allclose(json.loads(lines[0].group(4)),
+                             hidden / (1 - unlike.DECAY ** unlike.STEPS), rtol=1e-5)
+
+
 def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
   """Different `steps` on two workers (a hang before), a step that fails on
   every worker (reported as WorkerLost before) and checkpoint directories that
