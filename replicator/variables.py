@@ -8,8 +8,8 @@ values, except on an ON_READ variable (a metric's accumulator), where it sums
 the changes. Where merges are collectives (GPUs, several workers), a float
 mean's merge waits for the end of the step, where every variable so written
 is averaged in one all-reduce, unless the step reads the copy in between
-(`context.DeferredMerges`). Outside a step, reads see copy 0
-and writes go to every copy.
+(`context.DeferredMerges`). Outside a step, reads see copy 0 and writes go
+to every copy.
 """
 
 from typing import List, Sequence
@@ -213,7 +213,7 @@ class ReplicatedVariable(tf.Variable):
     group = replica.group
     op = self._reduce_op
     if defer:
-      merge = lambda values: [[_Deferred(v) for v in replica] for replica in values]
+      merge = lambda values: [[_Deferred(v) for v in own] for own in values]
     elif op is None:
       merge = lambda values: collectives.broadcast(
           values, 0, group.devices, group.num_replicas, group.first_replica_id,
