@@ -98,6 +98,9 @@ class ReplicaGroup:
     self.step_graph = None  # the graph `run` traces the replicas into
     self.last_collective = None  # the name of the last collective the replicas met at
     self.deferred = DeferredMerges()
+    # The ops by which replicated variables wrote their copies in the step's
+    # graph (`variables`); `step_errors.check_writes` refuses any other.
+    self.library_writes = set()
 
   @property
   def num_local(self) -> int:

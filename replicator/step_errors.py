@@ -208,14 +208,22 @@ def _made_outside(what: str) -> str:
           "repl.context():` (or on the first run of the step).")
 
 
-def check_writes(graph, num_devices: int):
-  """Refuses writes to a variable made outside every replicator context.
+def check_writes(graph, num_devices: int, num_replicas: int = 1,
+                 library_writes=frozenset()):
+  """Refuses writes to a variable made outside every replicator context, and
+  writes to a replicated variable that bypass its merge.
 
   `check_variables` sees the variables a step reads; one that is only
   written (`assign_add(x, read_value=False)`) is found here, as a captured
   resource that no replicated or replica-local variable owns, written by
-  an op of the step's own graph (not inside a `tf.cond` of it).
+  an op of the step's own graph (not inside a `tf.cond` of it). So is a
+  write to a replicated variable's copy through its handle
+  (`tf.raw_ops.AssignVariableOp(resource=v.handle, ...)`, a TF1 optimizer's
+  `ResourceApply*`): not one of `library_writes`, the ops by which the
+  variable's own methods wrote it, it changes one replica's copy alone.
   """
+  if num_replicas > 1:
+    _check_merged_writes(graph, library_writes)
   if num_devices < 2:
     return
   known = variable_registry.component_handles()
@@ -228,6 +236,23 @@ def check_writes(graph, num_devices: int):
       what = f" of dtype {value.dtype.name}" if value is not None else ""
       raise ValueError(_made_outside(
           f"writes a variable{what} ({op.type} {op.name!r}) that was"))
+
+
+def _check_merged_writes(graph, library_writes):
+  copies = {id(internal): variable_registry.copy_of_handle(external)
+            for external, internal in graph.captures if external.dtype == tf.resource}
+  for op in graph.get_operations():
+    if (op.type.startswith(_VARIABLE_WRITES) and op.inputs and op not in library_writes
+        and copies.get(id(op.inputs[0])) is not None):
+      name = variable_registry.name_of_handle(
+          next(e for e, i in graph.captures if i is op.inputs[0]))
+      raise ValueError(
+          f"step_fn writes the variable {name!r} through its handle ({op.type} "
+          f"{op.name!r}), which changes only the copy of the replica that runs it, "
+          "so the replicas' copies would drift apart. Write it with its own methods "
+          "(assign, assign_add, assign_sub, scatter_*), which merge every "
+          "replica's value, and train it with an optimizer wrapped by "
+          "repl.wrap_optimizer(...).")
 
 
 def check_variables(graph, num_devices: int):

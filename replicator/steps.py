@@ -296,14 +296,15 @@ class CompiledStep:
                     else ()) + tuple(args) for b in batches]
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
+    group = self._group()
     with autograph_rules.while_tracing():
-      outputs = self._group().run(
-          step_fn, per_replica, self._replica_scope(creating=self._creating))
+      outputs = group.run(step_fn, per_replica, self._replica_scope(creating=self._creating))
     _hold_effects(graph.get_operations()[before:], gate)
     outputs = [step_errors.check_outputs(o, self._step_fn) for o in outputs]
     self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
     leaves = [tf.nest.flatten(o) for o in outputs]
-    step_errors.check_writes(tf.compat.v1.get_default_graph(), len(self._devices))
+    step_errors.check_writes(tf.compat.v1.get_default_graph(), len(self._devices),
+                             self._num_replicas, group.library_writes)
     return tuple(step_errors.stack_over_replicas(xs, self._step_fn)
                  for xs in zip(*leaves) if xs[0] is not None)
 

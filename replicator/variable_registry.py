@@ -56,6 +56,11 @@ def copy_of_handle(handle):
   return _copies[id(variable)]
 
 
+def name_of_handle(handle) -> str:
+  """The name of the replicated variable whose copy's handle is `handle`."""
+  return _by_handle[id(handle)].name.split(":")[0].removesuffix("_replica")
+
+
 @contextlib.contextmanager
 def replica_local():
   """Variables created inside are per-replica state, never synchronized.

@@ -185,14 +185,15 @@ class ReplicatedVariable(tf.Variable):
       value = tf.convert_to_tensor(value, self.dtype)
       if method == "assign" and self._sums_changes:
         old = copy.read_value()
-        return copy.assign(old + self._aggregate(replica, value - old), **kwargs)
+        total = old + self._aggregate(replica, value - old)
+        return _written_here(replica, copy, lambda: copy.assign(total, **kwargs))
       defers = self._defers(replica)
       value = self._aggregate(replica, value, defer=defers)
       if isinstance(value, _Deferred):  # written here, merged at the step's end
         replica.group.deferred.add(
             self, tf.compat.v1.get_default_graph().capture(copy.handle), merge_deferred)
         value = value.value
-    return getattr(copy, method)(value, **kwargs)
+    return _written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
 
   def _defers(self, replica) -> bool:
     """Whether this write's merge may wait for the step's end (`context.DeferredMerges`).
@@ -239,7 +240,7 @@ class ReplicatedVariable(tf.Variable):
     copy = self._copy_to_write(replica)
     if not context.local_writes() and replica.group.num_replicas > 1:
       value = aggregate(replica, value)
-    return write(copy, value)
+    return _written_here(replica, copy, lambda: write(copy, value))
 
   def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
                             end_mask, ellipsis_mask, new_axis_mask,
@@ -392,6 +393,21 @@ def _unless_the_same(merge, name: str, workers, read_after_write):
   return merge_unless_the_same
 
 
+def _written_here(replica, copy, write):
+  """`write()`, which writes `copy` as this module merges it: its ops in the
+  step's graph are recorded (`ReplicaGroup.library_writes`), so that
+  `step_errors.check_writes` can refuse a write that bypassed the merge."""
+  graph = tf.compat.v1.get_default_graph()
+  if graph is not replica.group.step_graph:
+    return write()  # inside a tf.cond or loop: not checked
+  handle = graph.capture(copy.handle)
+  before = set(handle.consumers())
+  result = write()
+  replica.group.library_writes.update(
+      op for op in handle.consumers() if op not in before)
+  return result
+
+
 class _Deferred:
   """A replica's value whose merge waits for the step's end."""
 
@@ -412,7 +428,8 @@ def merge_deferred(deferred: context.DeferredMerges):
       lambda values: collectives.all_reduce(
           values, reduce_options.ReduceOp.MEAN, group.devices,
           num_replicas=group.num_replicas, workers=group.workers))
-  writes = [copy.assign(value, read_value=False) for copy, value in zip(copies, merged)]
+  writes = [_written_here(replica, copy, lambda copy=copy, value=value: copy.assign(
+      value, read_value=False)) for copy, value in zip(copies, merged)]
   deferred.own([value.op for value in values] + writes)
 
 

@@ -83,6 +83,36 @@ def test_variable_created_outside_every_context_used_in_a_multi_replica_step():
     repl.run(lambda: generator.normal([2]))
 
 
+@pytest.mark.parametrize("write", ["assign", "resource_apply", "scatter"])
+def test_a_write_through_a_replicated_variables_handle_is_refused(write):
+  # It would change the copy of the replica that runs it alone: before, the
+  # copies drifted apart without a word (1.0 and 2.0 here).
+  repl = catalogue.make("multi_gpu_2")
+  with repl.context():
+    weight = tf.Variable([1.0, 2.0], name="bypassed")
+  writes = {
+      "assign": lambda value: tf.raw_ops.AssignVariableOp(
+          resource=weight.handle, value=value),
+      "resource_apply": lambda value: tf.raw_ops.ResourceApplyGradientDescent(
+          var=weight.handle, alpha=0.1, delta=value),  # a TF1 optimizer's update
+      "scatter": lambda value: tf.raw_ops.ResourceScatterUpdate(
+          resource=weight.handle, indices=[0], updates=value[:1]),
+  }
+
+  def step_fn():
+    writes[write](tf.fill([2], tf.cast(repl.replica_id, tf.float32)))
+    return weight.read_value()
+
+  with pytest.raises(ValueError, match=r"step_fn writes the variable 'bypassed' through "
+                     r"its handle \(\w+ .*drift apart.*own methods \(assign"):
+    repl.run(step_fn)
+  np.testing.assert_array_equal(weight.numpy(), [1.0, 2.0])  # nothing ran
+  weight.assign([3.0, 4.0])  # its own methods still work, in and out of a step
+  out = repl.run(lambda: weight.assign(tf.fill([2], tf.cast(repl.replica_id, tf.float32))))
+  np.testing.assert_allclose(out.numpy(), [[0.5, 0.5]] * 2)
+  repl.assert_replicas_in_sync([weight])
+
+
 @pytest.mark.parametrize("trained_on,used_on", [
     ("multi_gpu_2", "gpu"), ("multi_gpu_2", "multi_gpu_4"), ("gpu", "multi_gpu_2")])
 def test_a_model_made_by_another_replicator_is_read_there_but_never_updated(
