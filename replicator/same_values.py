@@ -26,8 +26,11 @@ Another process may differ in its constants (a worker's index, a value it
 drew), which nothing in one process sees: the constants met are returned,
 for the workers to compare before the step first runs
 (`step_errors.check_same_program`). `snt.BatchNorm`'s step counters are such
-(106 of a ResNet-50's 318 merges a step), and on alike workers its debiased
-averages too (106 more).
+(106 of a ResNet-50's 318 merges a step). Its debiased averages were such on
+alike workers (106 more) until the hidden averages they are computed from
+came to be merged at the step's end (`context.DeferredMerges`): a read of
+those before the merge is not the same anywhere, so they are merged there
+too, in the same all-reduce.
 """
 
 import hashlib
