@@ -222,37 +222,32 @@ def check_writes(graph, num_devices: int, num_replicas: int = 1,
   `ResourceApply*`): not one of `library_writes`, the ops by which the
   variable's own methods wrote it, it changes one replica's copy alone.
   """
-  if num_replicas > 1:
-    _check_merged_writes(graph, library_writes)
-  if num_devices < 2:
+  if num_replicas < 2:
     return
-  known = variable_registry.component_handles()
-  foreign = {internal.name for external, internal in graph.captures
-             if external.dtype == tf.resource and id(external) not in known}
-  for op in graph.get_operations() if foreign else ():
-    if (op.type.startswith(_VARIABLE_WRITES) and op.inputs and
-        op.inputs[0].name in foreign):
+  # What each written handle captured: a variable of no context (foreign,
+  # checked where this worker has several replicas), or a replica's copy.
+  captured = {id(internal): external for external, internal in graph.captures
+              if external.dtype == tf.resource}
+  known = variable_registry.component_handles() if num_devices > 1 else None
+  for op in graph.get_operations():
+    if not (op.type.startswith(_VARIABLE_WRITES) and op.inputs):
+      continue
+    external = captured.get(id(op.inputs[0]))
+    if external is None:
+      continue
+    if known is not None and id(external) not in known:
       value = op.inputs[1] if len(op.inputs) > 1 else None
       what = f" of dtype {value.dtype.name}" if value is not None else ""
       raise ValueError(_made_outside(
           f"writes a variable{what} ({op.type} {op.name!r}) that was"))
-
-
-def _check_merged_writes(graph, library_writes):
-  copies = {id(internal): variable_registry.copy_of_handle(external)
-            for external, internal in graph.captures if external.dtype == tf.resource}
-  for op in graph.get_operations():
-    if (op.type.startswith(_VARIABLE_WRITES) and op.inputs and op not in library_writes
-        and copies.get(id(op.inputs[0])) is not None):
-      name = variable_registry.name_of_handle(
-          next(e for e, i in graph.captures if i is op.inputs[0]))
+    if op not in library_writes and variable_registry.copy_of_handle(external) is not None:
       raise ValueError(
-          f"step_fn writes the variable {name!r} through its handle ({op.type} "
-          f"{op.name!r}), which changes only the copy of the replica that runs it, "
-          "so the replicas' copies would drift apart. Write it with its own methods "
-          "(assign, assign_add, assign_sub, scatter_*), which merge every "
-          "replica's value, and train it with an optimizer wrapped by "
-          "repl.wrap_optimizer(...).")
+          f"step_fn writes the variable {variable_registry.name_of_handle(external)!r} "
+          f"through its handle ({op.type} {op.name!r}), which changes only the copy "
+          "of the replica that runs it, so the replicas' copies would drift apart. "
+          "Write it with its own methods (assign, assign_add, assign_sub, "
+          "scatter_*), which merge every replica's value, and train it with an "
+          "optimizer wrapped by repl.wrap_optimizer(...).")
 
 
 def check_variables(graph, num_devices: int):
