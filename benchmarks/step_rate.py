@@ -4,7 +4,10 @@ Runs every variant in one process, alternating rounds, and prints ms per step
 and the ratios (absolute times on a shared machine are noise; ratios less so).
 
   python -m benchmarks.step_rate [--replicas 2] [--rounds 5] [--threads 1,2]
-      [--json out.json]
+      [--gpus] [--json out.json]
+
+`--gpus` splits the first GPU into `--replicas` logical GPUs and runs every variant
+there instead of on logical CPUs (the device machine; one physical GPU).
 """
 
 import argparse
@@ -159,12 +162,20 @@ def main():
   parser.add_argument("--threads", default=None, metavar="INTRA,INTER",
                       help="intra-op and inter-op thread counts (TF's defaults "
                       "when left out), e.g. 1,2 for a thread per logical device")
+  parser.add_argument("--gpus", action="store_true",
+                      help="replicas on logical GPUs of the first GPU, not logical CPUs")
   args = parser.parse_args()
   if args.threads:
     intra, inter = (int(t) for t in args.threads.split(","))
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)
-  devices = replicator.testing.configure_logical_cpus(args.replicas)
+  if args.gpus:
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    tf.config.set_logical_device_configuration(
+        gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=4096)] * args.replicas)
+    devices = [device.name for device in tf.config.list_logical_devices("GPU")]
+  else:
+    devices = replicator.testing.configure_logical_cpus(args.replicas)
   variants = {
       "replicator, 1 step/call": (replicator_variant(devices, 1), 1),
       "MirroredStrategy, 1 step/call": (mirrored_variant(devices, 1), 1),
@@ -203,6 +214,7 @@ def main():
   result = {"machine": common.machine(),
             "tensorflow": tf.__version__, "replicas": args.replicas,
             "threads (intra,inter)": args.threads or "TensorFlow's defaults",
+            "devices": devices,
             "ms_per_step (best of rounds)": ms,
             "cores busy (process CPU time / wall time, mean of rounds)":
                 {name: sum(b) / len(b) for name, b in busy.items()},
