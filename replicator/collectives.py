@@ -34,15 +34,34 @@ def dense(value):
   return value
 
 
-def _on_gpus(devices: Sequence[str]) -> bool:
-  return len(devices) > 1 and all("GPU" in d.upper() for d in devices)
+# What TensorFlow's NcclAllReduce takes (not bfloat16).
+_NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def _gpus_split() -> bool:
+  """Whether a physical GPU holds several logical GPUs of this process.
+
+  NCCL refuses two ranks on one GPU ("NCCL: invalid usage", seen on the device
+  machine's H200 split in two), so sums between such GPUs are an `add_n` on
+  the first, as MirroredStrategy also avoids NCCL there.
+  """
+  return (len(tf.config.list_logical_devices("GPU"))
+          > len(tf.config.list_physical_devices("GPU")))
+
+
+def _by_nccl(devices: Sequence[str], dtype: tf.DType = tf.float32) -> bool:
+  """Whether a sum of `dtype` over these local replicas is NCCL's all-reduce:
+  several GPUs, each a physical GPU of its own, and a dtype NCCL takes. Else
+  it is an `add_n` on the first device, whatever the dtype."""
+  return (len(devices) > 1 and all("GPU" in d.upper() for d in devices)
+          and dtype in _NCCL_DTYPES and not _gpus_split())
 
 
 def merged_by_collectives(devices: Sequence[str], workers=None) -> bool:
   """Whether a sum over these replicas takes collective kernels (NCCL between
   GPUs, a ring between workers), each a launch or a round trip, rather than an
   `add_n` in the graph."""
-  return _on_gpus(devices) or (workers is not None and workers.num_workers > 1)
+  return _by_nccl(devices) or (workers is not None and workers.num_workers > 1)
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
@@ -54,14 +73,16 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   Returns `finish(sum)` (the sum where `finish` is None) on each local
   replica's device; the sum is in the parts' dtype (float32 for compressed
   parts with `options.sum_in_float32`). On several GPUs of one worker the sum
-  is NCCL's all-reduce, finished on each GPU; elsewhere an `add_n`, then one
+  is NCCL's all-reduce, finished on each GPU (`_by_nccl`: not for bfloat16,
+  nor between logical GPUs of one GPU); elsewhere an `add_n`, then one
   collective between workers, whose ring applies `final_op` ("Div": the sum
   over the number of workers; see `_divided_in_ring`), finished once on the
   first device and then handed to the others (or, `finish_on_each_device`,
   handed on and then finished on each).
   """
   finish = finish or (lambda total: total)
-  if _on_gpus(devices) and (workers is None or workers.num_workers == 1) and not (
+  if _by_nccl(devices, parts[0].dtype) and (
+      workers is None or workers.num_workers == 1) and not (
       options.sum_in_float32 and parts[0].dtype.is_floating):
     return _on_devices(finish, nccl_ops.all_sum(_on_devices(tf.identity, parts, devices)),
                        devices)

@@ -671,3 +671,33 @@ def test_all_gather_gradient_of_static_parts_that_differ_between_replicas():
   for r in range(4):  # every replica's loss weighs replica r's rows alike
     want = 4 * table[bounds[r]:bounds[r + 1]].ravel()
     np.testing.assert_array_equal(got[r][:want.size], want)
+
+
+@pytest.mark.parametrize("split,compression,nccl", [
+    (False, "NONE", True),
+    (False, "BF16", False),  # NcclAllReduce takes no bfloat16: an add_n on GPU:0
+    (False, "FP16", True),
+    (True, "NONE", False),  # two logical GPUs of one GPU: NCCL refuses them
+])
+def test_gpus_sum_by_nccl_only_where_nccl_takes_the_dtype_and_the_gpus(
+    monkeypatch, split, compression, nccl):
+  """Traced only (no GPU runs here). Both refusals were seen on the device
+  machine: a TypeError at trace for bfloat16, "NCCL: invalid usage" at run
+  time between logical GPUs of one H200."""
+  monkeypatch.setattr(collectives, "_gpus_split", lambda: split)
+  devices = ["/device:GPU:0", "/device:GPU:1"]
+
+  @tf.function
+  def fn():
+    values = []
+    for device in devices:
+      with tf.device(device):
+        values.append([tf.constant(np.ones(10, np.float32)) for _ in range(3)])
+    return collectives.all_reduce(
+        values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
+            compression=replicator.Compression[compression]))
+
+  types = [op.type for op in fn.get_concrete_function().graph.get_operations()]
+  assert ("NcclAllReduce" in types) == nccl
+  assert ("AddN" in types) == (not nccl)
+  assert collectives.merged_by_collectives(devices) == (not split)

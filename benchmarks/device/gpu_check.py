@@ -19,6 +19,7 @@ Checks:
     and the two replicas' copies of every variable against each other.
   bf16_sum: an all_sum compressed to bfloat16 on two GPUs against NumPy, within
     bfloat16's rounding and not equal to the float32 sum.
+  two_gpus_snt, merges deferred: the same with merges as between physical GPUs.
   mirrored: MirroredStrategy's default all-reduce on the same two logical GPUs
     (reference: whether NCCL runs on logical GPUs of one physical GPU at all).
 """
@@ -128,7 +129,7 @@ def two_gpus_check(devices, optimizer_kind):
     return trunk
 
   def optimizer():
-    if optimizer_kind == "snt":
+    if optimizer_kind.startswith("snt"):
       return snt.optimizers.Momentum(0.05, 0.9)
     return keras.optimizers.Adam(1e-2)
 
@@ -140,7 +141,7 @@ def two_gpus_check(devices, optimizer_kind):
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
       variables = norm_layer.trainable_variables + trunk.trainable_variables
       grads = tape.gradient(loss, variables)
-      if optimizer_kind == "snt":
+      if optimizer_kind.startswith("snt"):
         opt.apply(grads, variables)
       else:
         opt.apply_gradients(zip(grads, variables))
@@ -263,6 +264,13 @@ def main():
   one_gpu(devices[0])
   two_gpus_check(devices, "snt")
   two_gpus_check(devices, "keras")
+  # Logical GPUs of one GPU merge by add_n, as logical CPUs do; merge as between
+  # physical GPUs (deferred to the step's end) to run that path on a GPU too.
+  from replicator import collectives
+  merged_by_collectives = collectives.merged_by_collectives
+  collectives.merged_by_collectives = lambda devices, workers=None: True
+  two_gpus_check(devices, "snt, merges deferred")
+  collectives.merged_by_collectives = merged_by_collectives
   bf16_sum(devices)
   mirrored(devices)
   if args.json:
