@@ -61,6 +61,13 @@ DEVICE_COMMANDS = {
                             "--batch 5120 --rounds 2 --iters 3"),
     "step_rate_box": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.step_rate --replicas 2 "
                       "--rounds 10"),
+    "allreduce_box_default": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.allreduce "
+                              "--workers 8 --rounds 2"),
+    "bn_step_per_worker_box": ("CUDA_VISIBLE_DEVICES= python -m benchmarks.bn_step --workers 8 "
+                               "--rounds 1 --iters 8 --statistics per-worker"),
+    "step_rate_gpu": ("python -m benchmarks.step_rate --gpus --replicas 2 --rounds 2 "
+                      "--steps 200"),
+    "gpu_check": "python3 -m benchmarks.device.gpu_check",
 }
 
 
@@ -107,7 +114,9 @@ def step_rate_section(r, command=COMMANDS["step_rate"]):
   rows = [[name, f"{value:.3f}", f"{busy[name]:.2f}" if name in busy else ""]
           for name, value in ms.items()]
   return "\n\n".join([
-      f"## 1-2. Step rate of a tiny MLP, {r['replicas']} logical CPU devices"
+      f"## 1-2. Step rate of a tiny MLP, {r['replicas']} "
+      + ("logical GPUs of one GPU" if "GPU" in str(r.get("devices", "")) else
+         "logical CPU devices")
       + (f", {r['threads (intra,inter)']} intra-op,inter-op threads"
          if r.get("threads (intra,inter)", "TensorFlow's defaults") != "TensorFlow's defaults"
          else ""),
@@ -320,7 +329,7 @@ def gather_section(r):
       _mwms_over_ours_table(r)])
 
 
-def bn_step_section(r):
+def bn_step_section(r, command=None):
   ms = r["ms_per_step (best of rounds)"]
   first = r.get("first_call_s (best of rounds)", {})
   to_loss = r.get("to_first_loss_s (best of rounds)")  # since 2026-11-26
@@ -339,7 +348,8 @@ def bn_step_section(r):
       + ("statistics over the global batch)" if synchronized else
          "statistics over each worker's batch, moving averages kept the same everywhere "
          "by ours)"),
-      f"`{COMMANDS['bn_step' if synchronized else 'bn_step_per_worker']}` ({_SAME_JOB}"
+      f"`{command or COMMANDS['bn_step' if synchronized else 'bn_step_per_worker']}` "
+      f"({_SAME_JOB}"
       "each worker process: cores / W intra-op threads; "
       + ("ours: Sonnet with `CrossReplicaBatchNorm`; MWMS: Keras with "
          "`BatchNormalization(synchronized=True)`; " if synchronized else
@@ -358,6 +368,23 @@ def bn_step_section(r):
              + ["worker 0's loss after the same steps"]
              + (["moving averages the same on every worker"] if alike else [])),
       _mwms_over_ours_table(r)])
+
+
+def gpu_check_section(r, command=None):
+  """The GPU paths' checks against one-device oracles (not a benchmark)."""
+  rows = [[row["check"], "pass" if row["ok"] else "**FAIL**", row["detail"]]
+          for row in r["results"]]
+  before = r.get("before a0abd90 (26763b3)")
+  failed_before = [row["check"] for row in before or () if not row["ok"]]
+  return "\n\n".join([
+      "## The GPU paths against one-device oracles (correctness, not speed)",
+      f"`{command or r['command']}` at {r.get('commit', '?')} (benchmarks/device/gpu_check.py "
+      "says what each check trains and compares; TF32 off)",
+      _table(rows, ["check", "", "largest differences"]),
+      *([f"The same checks before {r.get('commit')}: "
+         + ", ".join(failed_before) + " failed (NCCL between logical GPUs of one GPU: "
+         "'NCCL: invalid usage'; bfloat16: NcclAllReduce takes no bfloat16)."]
+        if failed_before else [])])
 
 
 def first_step_section(r):
@@ -445,7 +472,11 @@ def write_report(notes_path=os.path.join(HERE, "NOTES.md")):
                         ("allreduce_box_grpc", allreduce_section),
                         ("step_rate_box_threads", step_rate_section),
                         ("scaling_box", scaling_section),
-                        ("scaling_box_compute", scaling_section)):
+                        ("scaling_box_compute", scaling_section),
+                        ("allreduce_box_default", allreduce_section),
+                        ("bn_step_per_worker_box", bn_step_section),
+                        ("step_rate_gpu", step_rate_section),
+                        ("gpu_check", gpu_check_section)):
     result = _load(name)
     if result is not None:  # from the device machine (DEVICE.md)
       sections.append(section(result, result.get("command", DEVICE_COMMANDS[name])).replace(
