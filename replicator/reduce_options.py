@@ -49,7 +49,10 @@ class AllReduceOptions:
       3e-8, half the smallest float16 (N times that for a MEAN, divided by the
       N replicas before the sum so that a mean that fits does not overflow),
       flush to 0, so small gradients vanish. Prefer `BF16` for gradients;
-      `FP16` needs values known to lie in its range (loss scaling).
+      `FP16` needs values known to lie in its range (loss scaling). Between
+      GPUs of one worker, NCCL takes float16 but not bfloat16: a `BF16` sum
+      there is an `add_n` on the first GPU (half the bytes copied, but no
+      NCCL ring).
     sum_in_float32: with compression, values still travel compressed but are
       added in float32: every value is rounded once, the sums not at all.
       Between workers this is an all-gather of the compressed buckets and a

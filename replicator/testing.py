@@ -1,8 +1,11 @@
 """Helpers for tests: several replicas on one CPU."""
 
+import contextlib
 from typing import List
 
 import tensorflow as tf
+
+from replicator import collectives
 
 
 def configure_logical_cpus(count: int = 8) -> List[str]:
@@ -23,3 +26,19 @@ def configure_logical_cpus(count: int = 8) -> List[str]:
           f"already started with {len(tf.config.list_logical_devices('CPU'))}. "
           "Call configure_logical_cpus before any TensorFlow op runs.") from error
   return [f"CPU:{i}" for i in range(count)]
+
+
+@contextlib.contextmanager
+def merges_as_collectives():
+  """Within: local replicas merge their variables' writes as between physical
+  GPUs or workers, where a merge is a collective and a float mean's waits for
+  the end of the step; on logical CPUs (or logical GPUs of one GPU), where a
+  merge is an `add_n` made at the write, this runs that path in one process.
+  Steps traced within keep it.
+  """
+  merged_by_collectives = collectives.merged_by_collectives
+  collectives.merged_by_collectives = lambda devices, workers=None: True
+  try:
+    yield
+  finally:
+    collectives.merged_by_collectives = merged_by_collectives

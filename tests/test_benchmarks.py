@@ -1,9 +1,15 @@
 """The benchmarks' own arithmetic: what the report's verdicts rest on."""
 
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
 from benchmarks import report
 from benchmarks import scaling
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _scaling_result(ours8, mwms8, rounds=((1.0,),)):
@@ -41,3 +47,15 @@ def test_resnet50_equivalent_batch():
   """An MLP example: 3 multiply-adds a parameter; a ResNet-50 image: 12.3 G
   over 25.56 M parameters."""
   assert scaling.resnet50_images(481) == pytest.approx(3.0, rel=1e-3)
+
+
+def test_the_device_machines_gpu_checks_pass_on_two_logical_cpus():
+  """benchmarks/device/gpu_check.py runs only where a GPU is lent; `--cpu` runs
+  its checks (training against one-device oracles, merges at the step's end,
+  a bfloat16 sum) here, so the script is known to work before device time is
+  spent on it. Its own process: it splits the CPU before TensorFlow starts."""
+  done = subprocess.run([sys.executable, "-m", "benchmarks.device.gpu_check", "--cpu"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0 and "failed: none" in done.stdout, (
+      done.stdout[-3000:] + done.stderr[-3000:])
+  assert done.stdout.count("PASS ") == 6, done.stdout

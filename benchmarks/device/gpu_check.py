@@ -25,8 +25,8 @@ Checks:
 """
 
 import argparse
+import contextlib
 import json
-import sys
 import time
 import traceback
 
@@ -251,8 +251,6 @@ def main():
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     devices = ["/device:CPU:0", "/device:CPU:1"]
-    from replicator import collectives  # merge as on GPUs: at the step's end
-    collectives.merged_by_collectives = lambda devices, workers=None: True
   else:
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
@@ -261,23 +259,26 @@ def main():
         gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)] * 2)
     devices = ["/device:GPU:0", "/device:GPU:1"]
   print("tf", tf.__version__, "devices", tf.config.list_logical_devices(), flush=True)
-  one_gpu(devices[0])
-  two_gpus_check(devices, "snt")
-  two_gpus_check(devices, "keras")
-  # Logical GPUs of one GPU merge by add_n, as logical CPUs do; merge as between
-  # physical GPUs (deferred to the step's end) to run that path on a GPU too.
-  from replicator import collectives
-  merged_by_collectives = collectives.merged_by_collectives
-  collectives.merged_by_collectives = lambda devices, workers=None: True
-  two_gpus_check(devices, "snt, merges deferred")
-  collectives.merged_by_collectives = merged_by_collectives
-  bf16_sum(devices)
-  mirrored(devices)
+  import replicator  # pylint: disable=g-import-not-at-top
+  # On logical CPUs merge as between physical GPUs throughout (at the step's end);
+  # logical GPUs of one GPU merge by add_n, as logical CPUs do, but for one check.
+  with (replicator.testing.merges_as_collectives() if args.cpu
+        else contextlib.nullcontext()):
+    one_gpu(devices[0])
+    two_gpus_check(devices, "snt")
+    two_gpus_check(devices, "keras")
+    with replicator.testing.merges_as_collectives():
+      two_gpus_check(devices, "snt, merges deferred")
+    bf16_sum(devices)
+    mirrored(devices)
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"command": " ".join(sys.argv), "results": RESULTS}, f, indent=1)
+      json.dump({"command": "python3 -m benchmarks.device.gpu_check"
+                            + (" --cpu" if args.cpu else ""), "results": RESULTS}, f, indent=1)
   failed = [r["check"] for r in RESULTS if not r["ok"]]
   print("failed:", failed or "none", flush=True)
+  if failed:
+    raise SystemExit(1)
 
 
 if __name__ == "__main__":
