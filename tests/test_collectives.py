@@ -281,6 +281,21 @@ def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
   assert len(divisions) == (0 if divided_in_ring else 1), divisions
 
 
+def _traced_mean_of_ones(devices, compression, **kwargs):
+  """The graph of a mean of 3 float32 tensors a replica, one replica a device."""
+  @tf.function
+  def fn():
+    values = []
+    for device in devices:
+      with tf.device(device):
+        values.append([tf.constant(np.ones(10, np.float32)) for _ in range(3)])
+    return collectives.all_reduce(
+        values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
+            compression=replicator.Compression[compression]), **kwargs)
+
+  return fn.get_concrete_function().graph
+
+
 @pytest.mark.parametrize("kind,compression,widened_where", [
     ("CPU", "BF16", ["CPU:0"]),  # once, then handed on (memory the devices share)
     ("GPU", "BF16", ["GPU:0", "GPU:1"]),  # the narrow sum crosses, each GPU widens
@@ -290,20 +305,8 @@ def test_a_compressed_sum_is_widened_once_on_cpus_and_on_each_gpu(
     kind, compression, widened_where):
   """Traced only (no GPU runs here): where the casts back to float32 sit."""
   workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
-  devices = [f"/device:{kind}:{i}" for i in range(2)]
-
-  @tf.function
-  def fn():
-    values = []
-    for device in devices:
-      with tf.device(device):
-        values.append([tf.constant(np.ones(10, np.float32)) for _ in range(3)])
-    return collectives.all_reduce(
-        values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
-            compression=replicator.Compression[compression]),
-        num_replicas=4, workers=workers)
-
-  graph = fn.get_concrete_function().graph
+  graph = _traced_mean_of_ones([f"/device:{kind}:{i}" for i in range(2)], compression,
+                               num_replicas=4, workers=workers)
   widened = sorted(op.device.split("device:")[-1] for op in graph.get_operations()
                    if op.type == "Cast" and op.get_attr("SrcT") == tf.bfloat16)
   assert widened == widened_where
@@ -686,18 +689,7 @@ def test_gpus_sum_by_nccl_only_where_nccl_takes_the_dtype_and_the_gpus(
   time between logical GPUs of one H200."""
   monkeypatch.setattr(collectives, "_gpus_split", lambda: split)
   devices = ["/device:GPU:0", "/device:GPU:1"]
-
-  @tf.function
-  def fn():
-    values = []
-    for device in devices:
-      with tf.device(device):
-        values.append([tf.constant(np.ones(10, np.float32)) for _ in range(3)])
-    return collectives.all_reduce(
-        values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
-            compression=replicator.Compression[compression]))
-
-  types = [op.type for op in fn.get_concrete_function().graph.get_operations()]
+  types = [op.type for op in _traced_mean_of_ones(devices, compression).get_operations()]
   assert ("NcclAllReduce" in types) == nccl
   assert ("AddN" in types) == (not nccl)
   assert collectives.merged_by_collectives(devices) == (not split)
