@@ -15,10 +15,11 @@ Checks:
     then one of `steps=2`) against a plain tf.function on the same device.
   two_gpus_{snt,keras}: MultiGpuReplicator on two logical GPUs, a model with
     CrossReplicaBatchNorm and a float variable each replica writes from its own half
-    of the batch (merged at the step's end), against one device on the whole batch;
-    and the two replicas' copies of every variable against each other.
-  bf16_sum: an all_sum compressed to bfloat16 on two GPUs against NumPy, within
-    bfloat16's rounding and not equal to the float32 sum.
+    of the batch, 3 steps (one call of 1 step, one of `steps=2`), against one device
+    on the whole batch; and the two replicas' copies of every variable against each
+    other.
+  compressed_sum_{BF16,FP16,"BF16, float32 sum"}: an all_sum compressed on two GPUs
+    against NumPy, within the dtype's rounding and not equal to the float32 sum.
   two_gpus_snt, merges deferred: the same with merges as between physical GPUs.
   mirrored: MirroredStrategy's default all-reduce on the same two logical GPUs
     (reference: whether NCCL runs on logical GPUs of one physical GPU at all).
@@ -162,7 +163,9 @@ def two_gpus_check(devices, optimizer_kind):
     return ds.batch(ctx.per_replica_batch_size(global_batch), drop_remainder=True)
 
   step_fn = lambda batch: step(*batch)  # one object, so that every call reuses its trace
-  losses = [float(repl.run(step_fn, input_fn)[0]) for _ in range(steps)]
+  # One step, then the rest in one call (the on-device loop): the last step's loss.
+  losses = [float(repl.run(step_fn, input_fn)[0]),
+            float(repl.run(step_fn, input_fn, steps=steps - 1)[0])]
 
   with tf.device(devices[0]):
     o_trunk = build()
@@ -182,7 +185,7 @@ def two_gpus_check(devices, optimizer_kind):
   theirs = o_norm.trainable_variables + o_trunk.trainable_variables
   errors = {
       "params": max(max_error(a, b) for a, b in zip(mine, theirs)),
-      "losses": max_error(losses, o_losses),
+      "losses": max_error(losses, [o_losses[0], o_losses[-1]]),
       "moving mean/var": max(max_error(norm.moving_mean.value, o_norm.moving_mean.value),
                              max_error(norm.moving_variance.value,
                                        o_norm.moving_variance.value)),
@@ -204,20 +207,32 @@ def two_gpus_check(devices, optimizer_kind):
               f"write: {deferred}")
 
 
-@check("bf16_sum")
-def bf16_sum(devices):
+# Compression -> (options, the largest relative error of the sum: every value rounded
+# once to the narrow dtype, and each partial sum too unless summed in float32).
+COMPRESSIONS = {
+    "BF16": (dict(compression="BF16"), 2.0 ** -8 * 2),
+    "FP16": (dict(compression="FP16"), 2.0 ** -11 * 2),
+    "BF16, float32 sum": (dict(compression="BF16", sum_in_float32=True), 2.0 ** -8),
+}
+
+
+@check("compressed_sum")
+def compressed_sum(devices, kind):
   import replicator
   repl = replicator.MultiGpuReplicator(devices=devices)
   rng = np.random.RandomState(3)
   values = rng.uniform(1, 2, size=[2, 1000]).astype(np.float32)
-  options = replicator.AllReduceOptions(compression=replicator.Compression.BF16)
+  settings, relative = COMPRESSIONS[kind]
+  options = replicator.AllReduceOptions(
+      compression=replicator.Compression[settings["compression"]],
+      sum_in_float32=settings.get("sum_in_float32", False))
   def step_fn():
     mine = tf.gather(tf.constant(values), repl.replica_id)
     return repl.all_reduce(mine, replicator.ReduceOp.SUM, options=options)
   out = repl.run(step_fn).numpy()
   exact = values.sum(0)
   error = max_error(out[0], exact)
-  bound = float(np.max(np.abs(exact))) * 2.0 ** -7 * 2  # two roundings of 2^-8 relative
+  bound = float(np.max(np.abs(exact))) * relative
   same = max_error(out[0], out[1])
   repl.shutdown()
   return (error <= bound and error > 0 and same == 0.0,
@@ -269,7 +284,8 @@ def main():
     two_gpus_check(devices, "keras")
     with replicator.testing.merges_as_collectives():
       two_gpus_check(devices, "snt, merges deferred")
-    bf16_sum(devices)
+    for kind in COMPRESSIONS:
+      compressed_sum(devices, kind)
     mirrored(devices)
   if args.json:
     with open(args.json, "w") as f:
