@@ -59,3 +59,18 @@ def test_the_device_machines_gpu_checks_pass_on_two_logical_cpus():
   assert done.returncode == 0 and "failed: none" in done.stdout, (
       done.stdout[-3000:] + done.stderr[-3000:])
   assert done.stdout.count("PASS ") == 8, done.stdout
+
+
+def test_the_summary_judges_the_default_buckets_by_the_median_of_the_rounds():
+  result = {"machine": "box (16 cores, cpu)", "ratios (each round)": {
+      "8 workers: best MWMS fp32 / ours bf16, 8MB buckets, 4 in flight": [2.0, 2.0],
+      "8 workers: best MWMS fp32 / ours bf16, 16MB buckets, 2 in flight": [1.7, 1.9, 1.75],
+      "8 workers: MWMS packed / ours fp32, 8MB buckets, 4 in flight": [0.9, 1.2],
+  }}
+  rows = report._allreduce_rows("allreduce_box", result)
+  assert [row[0].split(":")[0] for row in rows] == [
+      "3. all-reduce, fp32, 8 workers (8MB buckets, 4 in flight)",  # no default there
+      "3. all-reduce, bf16, 8 workers (the default)"]
+  assert [row[2] for row in rows] == ["1.20x", "1.75x"]
+  assert [row[4] for row in rows] == ["met", "**missed**"]
+  assert rows[1][3] == "16-core box, `allreduce_box.json`"
