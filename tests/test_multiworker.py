@@ -539,6 +539,8 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert "of run(sum_fn, steps=1), only the first step ran" in lines["CONTEXT_OLD"], out
     # the same variables everywhere, then a step traced before: sent after it
     assert lines["CONTEXT_SHARED"] == "CONTEXT_SHARED [14.0, 14.0, 14.0] [10.0, 10.0]", out
+    # initial values alike on every worker stay home; the others are the chief's
+    assert lines["ALIKE_SENT"] == "ALIKE_SENT True 0.0 [1.0, 1.0, 1.0]", out
     # as many collectives but other shapes: the error, and collectives still work
     # (listed as traced: the step's first, then the loop's check of `steps`)
     assert (f"SHAPES step_fn: shapes_fn traced collectives of other dtypes or shapes "

@@ -15,6 +15,7 @@ import sonnet as snt
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import replicator
+from replicator import between_workers
 from replicator import collectives
 
 
@@ -138,6 +139,25 @@ def main():
     shared = tf.Variable(tf.fill([2], 10.0 + worker))
   print(f"CONTEXT_SHARED {repl.run(sum_fn).numpy()[0].tolist()} "
         f"{shared.numpy().tolist()}", flush=True)
+
+  # Initial values that every worker computed alike do not travel; the others
+  # are the chief's. What crosses eagerly (the sends, and their digests' check):
+  sent, across_workers = [], between_workers.across_workers
+  def counted(value, *args, **kwargs):
+    if tf.executing_eagerly():
+      sent.append(value.shape.num_elements())
+    return across_workers(value, *args, **kwargs)
+  between_workers.across_workers = counted
+  with repl.context():
+    alike = tf.Variable(tf.zeros([5000]))  # the same bits everywhere: not sent
+    mine = tf.Variable(tf.fill([3], 1.0 + worker))  # the chief's: sent
+
+  def alike_fn():
+    return repl.all_sum(v.read_value())
+  repl.run(alike_fn)
+  between_workers.across_workers = across_workers
+  print(f"ALIKE_SENT {max(sent) < 5000} {sum(alike.numpy())} {mine.numpy().tolist()}",
+        flush=True)
 
   def shapes_fn():  # as many collectives, of another shape on the chief
     return repl.all_sum(v.read_value()[:2] if worker == 0 else v.read_value())
