@@ -173,6 +173,20 @@ def _grpc_note(settings) -> str:
           f"channel(s) per peer, responses {chunks}")
 
 
+def _allreduce_target(variant: str):
+  """(the MWMS baseline, item 3's target) `variant` is judged by; the target is
+  None for a bound. None for a variant that is not judged."""
+  if variant == "transfer alone: one fp32 tensor":
+    return "MWMS packed", None
+  if variant == "transfer alone: one bf16 tensor":
+    return "best MWMS fp32", None
+  if variant == "ours fp32 packed" or variant.startswith("ours fp32, "):
+    return "MWMS packed", 1.0
+  if variant == "ours bf16" or variant.startswith("ours bf16, "):
+    return "best MWMS fp32", 1.8
+  return None
+
+
 def allreduce_section(r, command=None):
   command = command or r.get("command", COMMANDS["allreduce"])
   ms = r["ms_per_all_reduce (best of rounds)"]
@@ -183,14 +197,9 @@ def allreduce_section(r, command=None):
           for v in variants]
   targets = {}  # (baseline, variant): target, or None for a bound; in the table's order
   for variant in variants:
-    if variant == "transfer alone: one fp32 tensor":
-      targets[("MWMS packed", variant)] = None
-    elif variant == "transfer alone: one bf16 tensor":
-      targets[("best MWMS fp32", variant)] = None
-    elif variant == "ours fp32 packed" or variant.startswith("ours fp32, "):
-      targets[("MWMS packed", variant)] = 1.0
-    elif variant == "ours bf16" or variant.startswith("ours bf16, "):
-      targets[("best MWMS fp32", variant)] = 1.8
+    judged = _allreduce_target(variant)
+    if judged is not None:
+      targets[(judged[0], variant)] = judged[1]
   checks = []
   for w in workers:
     for (base, variant), target in targets.items():
@@ -462,9 +471,9 @@ def _allreduce_rows(name, r):
   rows = []
   counts = sorted({int(key.split(" ")[0]) for key in each})
   for workers in counts:
-    for dtype, mwms, target in (("fp32", "MWMS packed", 1.0),
-                                ("bf16", "best MWMS fp32", 1.8)):
+    for dtype in ("fp32", "bf16"):
       for buckets in (default, "8MB buckets, 4 in flight"):
+        mwms, target = _allreduce_target(f"ours {dtype}, {buckets}")
         key = f"{workers} workers: {mwms} / ours {dtype}, {buckets}"
         if key in each:
           ratio = _median(each[key])

@@ -139,8 +139,7 @@ class Peers:
     fixed = [v for v in variables if v.shape.is_fully_defined()]
     with tf.device(self._device):
       values = [variable.replicas[0].read_value() for variable in fixed]
-    fixed, values = self._not_alike(fixed, values)
-    with tf.device(self._device):
+      fixed, values = self._not_alike(fixed, values)
       if not self._mesh.is_chief:
         values = [tf.zeros_like(value) for value in values]
       synced = [None] * len(values)

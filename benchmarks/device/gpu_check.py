@@ -61,6 +61,17 @@ def batches(global_batch, steps, seed=0):
   return x, y
 
 
+def mlp(seed):
+  """A function that builds one MLP (12 -> 32 -> 5) with the same initial values
+  each time, drawn from `seed`: the replicated model and its oracle."""
+  import sonnet as snt
+  rng = np.random.RandomState(seed)
+  inits = [rng.normal(size=shape).astype(np.float32) * 0.3 for shape in ([12, 32], [32, 5])]
+  return lambda: snt.Sequential([
+      snt.Linear(32, w_init=tf.constant_initializer(inits[0])), tf.nn.relu,
+      snt.Linear(5, w_init=tf.constant_initializer(inits[1]))])
+
+
 def max_error(a, b):
   return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
 
@@ -70,12 +81,7 @@ def one_gpu(device):
   import sonnet as snt
   import replicator
   x, y = batches(16, 4)
-  rng = np.random.RandomState(5)
-  inits = [rng.normal(size=shape).astype(np.float32) * 0.3 for shape in ([12, 32], [32, 5])]
-  def build():
-    return snt.Sequential([
-        snt.Linear(32, w_init=tf.constant_initializer(inits[0])), tf.nn.relu,
-        snt.Linear(5, w_init=tf.constant_initializer(inits[1]))])
+  build = mlp(5)
   repl = replicator.GpuReplicator(device=device)
   with repl.context():
     model = build()
@@ -120,14 +126,7 @@ def two_gpus_check(devices, optimizer_kind):
   import replicator
   steps, global_batch = 3, 16
   x, y = batches(global_batch, steps, seed=1)
-  rng = np.random.RandomState(7)
-  w1 = rng.normal(size=[12, 32]).astype(np.float32) * 0.3
-  w2 = rng.normal(size=[32, 5]).astype(np.float32) * 0.3
-
-  def build():
-    trunk = snt.Sequential([snt.Linear(32, w_init=tf.constant_initializer(w1)), tf.nn.relu,
-                            snt.Linear(5, w_init=tf.constant_initializer(w2))])
-    return trunk
+  build = mlp(7)
 
   def optimizer():
     if optimizer_kind.startswith("snt"):
