@@ -6,28 +6,28 @@
 1
 """
 
-from replicator import _tf_check  # first: a clear error for a missing or old TF
+from replicator import _tf_check  # noqa: F401  (first: a clear error for a missing or old TF)
 
 from replicator import nn
 from replicator import testing
 from replicator.base import Replicator
-from replicator.divergence import ReplicasDiverged
+from replicator.errors import ReplicasDiverged
 from replicator.checkpoint import Checkpointer
-from replicator.cluster import WorkerLost
-from replicator.reduce_options import AllReduceOptions
-from replicator.reduce_options import Compression
-from replicator.reduce_options import ReduceOp
-from replicator.context import InputExhausted
+from replicator.errors import WorkerLost
+from replicator.collectives.reduce_options import AllReduceOptions
+from replicator.collectives.reduce_options import Compression
+from replicator.collectives.reduce_options import ReduceOp
+from replicator.errors import InputExhausted
 from replicator.gpu import GpuReplicator
 from replicator.gpu import MultiGpuReplicator
-from replicator.inputs import InputContext
-from replicator.inputs import allow_uneven_batches
-from replicator.inputs import pad_to_global_batch
-from replicator.inputs import skipped_by_input_fn
+from replicator.inputs.input_context import InputContext
+from replicator.inputs.input_context import allow_uneven_batches
+from replicator.inputs.input_context import pad_to_global_batch
+from replicator.inputs.input_context import skipped_by_input_fn
 from replicator.mesh import Mesh
 from replicator.optimizers import ReplicatedOptimizer
 from replicator.tpu import TpuReplicator
-from replicator.variables import ReplicatedVariable
+from replicator.engine.variables import ReplicatedVariable
 
 __version__ = "0.1.0"
 

@@ -12,22 +12,23 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from replicator import cluster
-from replicator import context
-from replicator import divergence
-from replicator import input_streams
-from replicator import keras_compat
-from replicator import nested_functions
+from replicator import errors
+from replicator.multiworker import cluster
+from replicator.engine import divergence
+from replicator.inputs import streams
+from replicator.patches import autograph_rules
+from replicator.patches import keras_compat
+from replicator.patches import nested_functions
 from replicator import optimizers
-from replicator import peers
-from replicator import randomness
-from replicator import reduce_options
-from replicator import replica_ops
-from replicator import resume
-from replicator import step_errors
-from replicator import step_fetch
-from replicator import steps as steps_lib
-from replicator import variable_creation
+from replicator.multiworker import peers
+from replicator.patches import randomness
+from replicator.collectives import reduce_options
+from replicator.collectives import in_step
+from replicator.inputs import positions
+from replicator.engine import step_checks
+from replicator.inputs import fetch
+from replicator.engine import steps as steps_lib
+from replicator.engine import creation
 from replicator.mesh import Mesh
 
 ReduceOp = reduce_options.ReduceOp
@@ -67,12 +68,12 @@ class Replicator:
     Replicator.live.add(self)
     self._jit_compile = jit_compile
     self._all_reduce = all_reduce
-    self._factory = variable_creation.VariableFactory(self._placement)
+    self._factory = creation.VariableFactory(self._placement)
     # Several workers: what the chief's initial values still have to reach.
     self._new_variables = (peers.NewVariables(self._peers, self._factory.created,
                                               lambda: self._steps_completed)
                            if self._peers is not None else None)
-    self._inputs = input_streams.InputStreams(mesh)
+    self._inputs = streams.InputStreams(mesh)
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
     randomness.install()
@@ -136,7 +137,7 @@ class Replicator:
   @property
   def replica_id(self) -> tf.Tensor:
     """This replica's global id, a scalar int32 tensor."""
-    return replica_ops.replica_id()
+    return in_step.replica_id()
 
   def all_reduce(self, value, op=ReduceOp.SUM, *, options=None,
                  method="all_reduce"):
@@ -146,7 +147,7 @@ class Replicator:
     e.g. to compress one large reduction.
     """
     options = self._all_reduce if options is None else reduce_options.check_options(options)
-    return replica_ops.all_reduce(value, op, options, method)
+    return in_step.all_reduce(value, op, options, method)
 
   def all_sum(self, value):
     return self.all_reduce(value, ReduceOp.SUM, method="all_sum")
@@ -161,10 +162,10 @@ class Replicator:
     return self.all_reduce(value, ReduceOp.MIN, method="all_min")
 
   def all_gather(self, value, axis: int = 0):
-    return replica_ops.all_gather(value, axis)
+    return in_step.all_gather(value, axis)
 
   def broadcast(self, value, source_replica: int = 0):
-    return replica_ops.broadcast(value, source_replica)
+    return in_step.broadcast(value, source_replica)
 
   # Running steps.
   def run(self, step_fn: Callable, input_fn: Optional[Callable] = None, *,
@@ -198,21 +199,22 @@ class Replicator:
           num_replicas=self.num_replicas, factory=self._factory,
           jit_compile=self._jit_compile, workers=self._workers,
           new_variables=self._new_variables,
-          uneven_batches=self._inputs.allows_uneven_batches(input_fn))
+          uneven_batches=self._inputs.allows_uneven_batches(input_fn),
+          tracing=autograph_rules.while_tracing)
       self._steps[(step_fn, input_fn)] = compiled
-      input_streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
-      input_streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
+      streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
+      streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
     try:
       completed, outputs, status = compiled(iterator, int(steps), args)
-    except step_errors.ProgramsDiffer:
+    except step_checks.ProgramsDiffer:
       del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
       raise
     except tf.errors.OpError as error:
-      unsupported = (step_errors.xla_unsupported(error, step_fn, self._compiled_by)
+      unsupported = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
                      if self._jit_compile else None)
       if unsupported is not None:
         raise unsupported from error
-      shapes = step_errors.output_shape_error(error, step_fn)
+      shapes = step_checks.output_shape_error(error, step_fn)
       if shapes is not None:
         raise shapes from error
       self._raise_if_worker_lost(error)
@@ -223,31 +225,31 @@ class Replicator:
       self._inputs.count_steps(input_fn, completed)
     # Where the workers differ (without input, after the first step):
     ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
-    if int(status) == step_fetch.STEPS_DIFFER:
+    if int(status) == fetch.STEPS_DIFFER:
       raise ValueError(
-          f"steps: this worker called run({context.name_of(step_fn)}, "
+          f"steps: this worker called run({errors.name_of(step_fn)}, "
           f"steps={steps}) and another worker asked for a different number of "
           f"steps, so {ran}. Every worker must call run with the same "
           "step_fn, input_fn and steps, in the same order.")
-    if int(status) == step_fetch.VARIABLES_DIFFER:
+    if int(status) == fetch.VARIABLES_DIFFER:
       made = peers.variable_kinds(compiled.variables_differ)
       raise ValueError(
           f"repl.context(): this worker made {len(made)} variable(s) since its "
           f"last run ({peers.listed(made)}) "
           "and another worker other ones, so the chief's initial values cannot "
           "be given to every worker and each keeps its own; of "
-          f"run({context.name_of(step_fn)}, steps={steps}), {ran}. Every worker "
+          f"run({errors.name_of(step_fn)}, steps={steps}), {ran}. Every worker "
           "must make the same variables in repl.context(), in the same order.")
     if completed < steps:
-      uneven = int(status) == step_fetch.UNEVEN
+      uneven = int(status) == fetch.UNEVEN
       if uneven:
         logging.warning(
             "replicator: run(%s, %s) stopped after %d step(s): the next step's "
             "batches were not all the same size on every replica. %s",
-            context.name_of(step_fn),
-            context.name_of(input_fn), completed,
-            context.UNEVEN_BATCHES_FIX)
-      raise context.InputExhausted(completed, outputs if completed else None,
+            errors.name_of(step_fn),
+            errors.name_of(input_fn), completed,
+            errors.UNEVEN_BATCHES_FIX)
+      raise errors.InputExhausted(completed, outputs if completed else None,
                                    uneven_batches=uneven)
     return outputs
 
@@ -270,7 +272,7 @@ class Replicator:
     """Steps taken from each input since it started (what a checkpoint keeps)."""
     return self._inputs.positions()
 
-  def resume_inputs(self, saved: resume.SavedPositions) -> None:
+  def resume_inputs(self, saved: positions.SavedPositions) -> None:
     """Makes each input start after the steps a checkpoint recorded.
 
     `saved` is shared by every replicator the checkpoint is restored into;

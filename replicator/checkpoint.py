@@ -14,7 +14,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from replicator import base
 from replicator import mesh as mesh_lib
 from replicator import optimizers
-from replicator import resume
+from replicator.inputs import positions
 
 POINTER = "latest.json"
 
@@ -159,7 +159,7 @@ class Checkpointer:
     records = pointer.get("replicators")
     if records is None and "inputs" in pointer:  # written before several replicators
       records = [{"inputs": pointer["inputs"], "topology": pointer["topology"]}]
-    saved = resume.SavedPositions(records or [])
+    saved = positions.SavedPositions(records or [])
     for repl in _open_replicators():
       repl.resume_inputs(saved)
     return int(pointer["step"])

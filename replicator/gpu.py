@@ -6,10 +6,9 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from replicator import base
-from replicator import cluster as cluster_lib
+from replicator.multiworker import cluster as cluster_lib
 from replicator import mesh as mesh_lib
-from replicator import reduce_options
-from replicator import testing
+from replicator.collectives import reduce_options
 from replicator.mesh import Mesh
 
 LOGICAL_CPUS_ENV = "REPLICATOR_LOGICAL_CPUS"  # set by `replicator.launch`
@@ -72,7 +71,7 @@ class MultiGpuReplicator(base.Replicator):
                all_reduce: Optional[reduce_options.AllReduceOptions] = None):
     logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)  # set by replicator.launch
     if logical_cpus and not tf.config.list_physical_devices("GPU"):
-      testing.configure_logical_cpus(int(logical_cpus))
+      mesh_lib.configure_logical_cpus(int(logical_cpus))
     if isinstance(cluster, Mesh):
       mesh = cluster if devices is None else Mesh.from_cluster(
           worker_addresses=cluster.worker_addresses,

@@ -4,7 +4,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -218,3 +218,23 @@ def _from_resolver(resolver):
   addresses = tuple(a for job in jobs for a in spec[job])
   offset = len(spec.get("chief", [])) if resolver.task_type == "worker" else 0
   return addresses, offset + int(resolver.task_id or 0)
+
+
+def configure_logical_cpus(count: int = 8) -> List[str]:
+  """Splits the CPU into `count` logical devices; returns their names.
+
+  TensorFlow fixes its devices when the runtime starts, so call this once per
+  process, before any op runs. Calling it again with the same count is a no-op.
+  """
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  existing = tf.config.get_logical_device_configuration(cpu)
+  if not existing or len(existing) != count:
+    try:
+      tf.config.set_logical_device_configuration(
+          cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError as error:
+      raise RuntimeError(
+          f"count: cannot split the CPU into {count} devices: TensorFlow has "
+          f"already started with {len(tf.config.list_logical_devices('CPU'))}. "
+          "Call configure_logical_cpus before any TensorFlow op runs.") from error
+  return [f"CPU:{i}" for i in range(count)]

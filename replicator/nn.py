@@ -5,9 +5,9 @@ import contextlib
 import sonnet as snt
 import tensorflow as tf
 
-from replicator import context
-from replicator import gathering
-from replicator import replica_ops
+from replicator.collectives import replica_context
+from replicator.collectives import gathering
+from replicator.collectives import in_step
 
 
 class CrossReplicaBatchNorm(snt.BatchNorm):
@@ -29,7 +29,7 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
                scale=None, offset=None):
     self._initialize(inputs)
     use_batch_stats = is_training or test_local_stats
-    replica = context.current()
+    replica = replica_context.current()
     across_replicas = (use_batch_stats and replica is not None
                        and replica.group.num_replicas > 1)
     # snt.BatchNorm's own path, fused kernel included (the same bits), unless
@@ -64,7 +64,7 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
       # step with every other such write (one all-reduce for the model).
       workers = replica.group.workers if replica is not None else None
       alike = workers is None or workers.num_workers == 1 or workers.alike
-      with context.writing_locally() if alike else contextlib.nullcontext():
+      with replica_context.writing_locally() if alike else contextlib.nullcontext():
         self.moving_mean.update(mean)
         self.moving_variance.update(variance)
     return out
@@ -93,7 +93,7 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     # combination: one sum of the statistics' gradients over replicas, then
     # an element-wise expression, where autodiff made ~60 small ops a layer.
     x = tf.cast(inputs, wide)
-    replica = context.current()
+    replica = replica_context.current()
 
     def forward(x):
       count = tf.cast(tf.size(x) // tf.shape(x)[self._channel_index], wide)
@@ -115,7 +115,7 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
       shape = tf.shape(mean)
       return [tf.reshape(global_mean, shape), tf.reshape(squares / total, shape), total]
 
-    mean, variance, total = replica_ops.with_summed_gradient(
+    mean, variance, total = in_step.with_summed_gradient(
         "the batch statistics", forward, [x], _global_moments_gradient)
     return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype), total
 
@@ -128,6 +128,6 @@ def _global_moments_gradient(xs, ys, summed_dys, unused_replica):
   dM and dV summed over the replicas (the term of V through M is zero, since
   the deviations from M sum to zero).
   """
-  (x,), (mean, unused_variance, total), (d_mean, d_variance, unused_d_total) = (
+  (x,), (mean, _, total), (d_mean, d_variance, _) = (
       xs, ys, summed_dys)
   return [(d_mean + 2.0 * d_variance * (x - mean)) / total]

@@ -7,9 +7,9 @@ import keras
 import sonnet as snt
 import tensorflow as tf
 
-from replicator import context
-from replicator import reduce_options
-from replicator import replica_ops
+from replicator.collectives import replica_context
+from replicator.collectives import reduce_options
+from replicator.collectives import in_step
 
 
 def _kind(optimizer) -> str:
@@ -204,19 +204,19 @@ class ReplicatedOptimizer(tf.Module):
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
       return None
-    replica = context.current()
+    replica = replica_context.current()
     if replica is None:  # outside a step: a plain update of every copy
       return self._base_apply(grads, variables)
     reduced = [grads[i] for i in present]
     if replica.group.num_replicas > 1:
-      reduced = replica_ops.all_reduce(reduced, self._gradient_reduction,
+      reduced = in_step.all_reduce(reduced, self._gradient_reduction,
                                        self._all_reduce)
     else:  # dense, as the reduction makes them: the same update on 1 or N replicas
       reduced = [tf.convert_to_tensor(g) for g in reduced]
     grads = list(grads)
     for i, grad in zip(present, reduced):
       grads[i] = grad
-    with context.writing_locally():
+    with replica_context.writing_locally():
       if self._accumulate_steps == 1:
         return self._update(grads, variables)
       return self._accumulate(grads, variables)

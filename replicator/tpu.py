@@ -5,8 +5,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from replicator import errors
 from replicator import base
-from replicator import context
 from replicator.mesh import Mesh
 
 _SUPPORTED_CORES = (1, 2, 4, 8)
@@ -84,7 +84,7 @@ class TpuReplicator(base.Replicator):
         "version; use emulate_on_cpu=True.")
 
   def _check_dataset(self, dataset, input_fn):
-    name = context.name_of(input_fn)
+    name = errors.name_of(input_fn)
     for spec in tf.nest.flatten(dataset.element_spec):
       if not isinstance(spec, tf.TensorSpec) or spec.dtype in (tf.string, tf.variant):
         raise ValueError(

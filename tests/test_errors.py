@@ -282,8 +282,8 @@ def test_replicas_branching_around_a_collective():
     return tf.constant(0.0)
 
   def _python_replica_index():
-    from replicator import context  # pylint: disable=g-import-not-at-top
-    return context.current().index
+    from replicator.collectives import replica_context  # pylint: disable=g-import-not-at-top
+    return replica_context.current().index
 
   with pytest.raises(RuntimeError, match="Replicas took different paths"):
     repl.run(step_fn)

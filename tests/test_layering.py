@@ -1,61 +1,111 @@
-"""The package's imports point one way (STYLE.md); examples use the public API."""
+"""The package's imports point one way (CONTRIBUTING.md, "Layout"); examples use the public API."""
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "replicator"
 
-# A module may import only modules of a lower layer.
+# A module may import the modules of its own package (without cycles) and the
+# packages and modules of a lower layer, never of its own layer or above.
 LAYERS = {
-    "_tf_check": 0, "mesh": 0, "autograph_rules": 0, "same_values": 0,
-    "between_workers": 1, "cluster": 1, "packing": 1, "reduce_options": 1,
-    "collectives": 2,
-    "context": 3, "gathering": 3, "peers": 3, "variable_registry": 3,
-    "variables": 4, "replica_ops": 4, "inputs": 4, "resume": 4,
-    "randomness": 5, "nested_functions": 5, "optimizers": 5,
-    "step_args": 5, "step_errors": 5, "step_fetch": 5,
-    "input_streams": 5, "divergence": 5, "variable_creation": 5,
-    "steps": 6, "keras_compat": 6,
-    "base": 7,
-    "testing": 7,
-    "gpu": 8, "tpu": 8, "nn": 8, "checkpoint": 8,
-    "launch": 9,
-    "__init__": 10,
+    "_tf_check": 0, "errors": 0, "mesh": 0,
+    "collectives": 1,                      # reductions between replicas and workers
+    "inputs": 2, "multiworker": 2,         # input pipelines; the job's other workers
+    "engine": 3,                           # replicated variables and the compiled step
+    "patches": 4,                          # TensorFlow / Keras, replica-aware
+    "nn": 5, "optimizers": 5,
+    "base": 6,                             # `Replicator`, written once
+    "gpu": 7, "testing": 7, "tpu": 7,
+    "checkpoint": 8, "launch": 8,
+    "__init__": 9,
 }
 
 
+def _unit(path: pathlib.Path) -> str:
+  """The package (or top-level module) that `path` belongs to."""
+  parts = path.relative_to(PACKAGE).with_suffix("").parts
+  return parts[0]
+
+
+def _module(path: pathlib.Path) -> str:
+  return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
 def _imports(path):
+  """The `replicator...` modules that `path` imports, dotted."""
   tree = ast.parse(path.read_text())
   for node in ast.walk(tree):
     if isinstance(node, ast.ImportFrom) and node.module:
-      if node.module == "replicator":
-        yield from (alias.name for alias in node.names)
-      elif node.module.startswith("replicator."):
-        yield node.module.split(".")[1]
+      if node.module == "replicator" or node.module.startswith("replicator."):
+        for alias in node.names:
+          candidate = f"{node.module}.{alias.name}"
+          is_module = (ROOT / (candidate.replace(".", "/") + ".py")).exists() or (
+              ROOT / candidate.replace(".", "/")).is_dir()
+          yield candidate if is_module else node.module
     elif isinstance(node, ast.Import):
       for alias in node.names:
         if alias.name.startswith("replicator."):
-          yield alias.name.split(".")[1]
+          yield alias.name
 
 
-def test_every_module_has_a_layer():
-  modules = {p.stem for p in (ROOT / "replicator").glob("*.py")}
-  assert modules == set(LAYERS)
+def _sources():
+  return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_package_and_module_has_a_layer():
+  assert {_unit(p) if len(p.relative_to(PACKAGE).parts) > 1 else p.stem
+          for p in _sources()} == set(LAYERS)
 
 
 def test_imports_point_down_the_layers():
-  for path in (ROOT / "replicator").glob("*.py"):
+  for path in _sources():
+    if path.name == "__init__.py" and path.parent == PACKAGE:
+      continue  # the public API imports from everywhere
+    unit = _unit(path) if len(path.relative_to(PACKAGE).parts) > 1 else path.stem
     for imported in _imports(path):
-      assert LAYERS[imported] < LAYERS[path.stem], (
-          f"replicator/{path.name} imports replicator.{imported}, a module of "
-          "the same or a higher layer")
+      parts = imported.split(".")
+      if len(parts) < 2:
+        continue
+      target = parts[1]
+      if target == unit:
+        continue  # within a package: checked for cycles below
+      assert LAYERS[target] < LAYERS[unit], (
+          f"{path.relative_to(ROOT)} imports {imported}, of the same or a "
+          f"higher layer ({target}: {LAYERS[target]}, {unit}: {LAYERS[unit]})")
+
+
+def test_no_cycles_within_a_package():
+  graph = {}
+  for path in _sources():
+    graph[_module(path)] = {m for m in _imports(path) if m != _module(path)}
+  state = {}
+
+  def visit(module, trail):
+    if state.get(module) == "done":
+      return
+    assert state.get(module) != "open", "import cycle: " + " -> ".join(trail + [module])
+    state[module] = "open"
+    for imported in graph.get(module, ()):
+      visit(imported, trail + [module])
+    state[module] = "done"
+
+  for module in graph:
+    visit(module, [])
+
+
+def test_tests_mirror_the_packages():
+  packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+  folders = {p.name for p in (ROOT / "tests").iterdir()
+             if p.is_dir() and any(p.glob("test_*.py"))}
+  assert packages <= folders, f"no tests/<package>/ for {sorted(packages - folders)}"
 
 
 def test_examples_and_benchmarks_use_only_the_public_api():
-  public = {"nn", "testing", "launch"}
+  public = {"replicator", "replicator.nn", "replicator.testing", "replicator.launch"}
   for folder in ("examples", "benchmarks"):
     for path in (ROOT / folder).rglob("*.py"):
       for imported in _imports(path):
-        assert imported in public or imported[0].isupper(), (
-            f"{path.relative_to(ROOT)} imports replicator.{imported}; use the "
-            "public API (import replicator)")
+        assert imported in public, (
+            f"{path.relative_to(ROOT)} imports {imported}; use the public API "
+            "(import replicator)")

@@ -64,7 +64,7 @@ def test_no_cluster_found():
 
 
 def test_joining_a_server_of_another_cluster_names_both():
-  from replicator import cluster  # pylint: disable=g-import-not-at-top
+  from replicator.multiworker import cluster  # pylint: disable=g-import-not-at-top
   from tensorflow.core.protobuf import tensorflow_server_pb2  # pylint: disable=g-import-not-at-top
   mesh = replicator.Mesh.from_cluster(worker_addresses=["a:1", "b:1"], worker_index=1,
                                       devices=["CPU:0"])

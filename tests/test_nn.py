@@ -186,13 +186,13 @@ def test_moving_statistics_of_global_batch_statistics_take_no_collective(name, m
     cross = replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.5)
   reference = snt.BatchNorm(True, True, decay_rate=0.5)
   collectives = []
-  collective = replicator.context.ReplicaGroup.collective
+  collective = replicator.collectives.replica_context.ReplicaGroup.collective
 
   def counted(group, index, name, flat_values, merge):
     if index == 0:
       collectives.append(name)
     return collective(group, index, name, flat_values, merge)
-  monkeypatch.setattr(replicator.context.ReplicaGroup, "collective", counted)
+  monkeypatch.setattr(replicator.collectives.replica_context.ReplicaGroup, "collective", counted)
 
   def input_fn(ctx):
     return tf.data.Dataset.from_tensor_slices(data).repeat().batch(4)

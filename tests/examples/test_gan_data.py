@@ -165,7 +165,7 @@ def test_a_resumed_input_continues_with_the_uninterrupted_run_s_batches():
   resumed = replicator.InputContext(2, 1, 4, steps_taken=3)
   want = list(input_fn(fresh).take(8))[6:]
   got = input_fn(resumed)
-  assert replicator.inputs.check_skipped_by_input_fn(got, resumed, "input_fn")
+  assert replicator.inputs.input_context.check_skipped_by_input_fn(got, resumed, "input_fn")
   for (images, labels), (want_images, want_labels) in zip(got.take(2), want):
     np.testing.assert_array_equal(labels, want_labels)
     np.testing.assert_array_equal(images, want_images)

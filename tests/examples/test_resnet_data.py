@@ -171,7 +171,7 @@ def test_resumed_imagenet_training_input_starts_a_fresh_shuffle(folder_dir):
   train_fn = data.make_input_fn("image_folder", True, 3, folder_dir, IMAGE_SIZE)
   ctx = replicator.InputContext(1, 0, 1, steps_taken=10**9)
   ds = train_fn(ctx)
-  assert replicator.inputs.check_skipped_by_input_fn(ds, ctx, "train_fn")
+  assert replicator.inputs.input_context.check_skipped_by_input_fn(ds, ctx, "train_fn")
   images, _ = _collect(ds, num_batches=1)
   assert images.shape == (3, IMAGE_SIZE, IMAGE_SIZE, 3)
 

@@ -15,8 +15,8 @@ import sonnet as snt
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import replicator
-from replicator import between_workers
-from replicator import collectives
+from replicator.collectives import between_workers
+from replicator.collectives import reductions
 
 
 def main():
@@ -277,8 +277,8 @@ def main():
 
   merges = []  # the merges traced from here on
   for kind in ("all_reduce", "broadcast"):
-    real = getattr(collectives, kind)
-    setattr(collectives, kind, lambda *a, real=real, kind=kind, **k: (
+    real = getattr(reductions, kind)
+    setattr(reductions, kind, lambda *a, real=real, kind=kind, **k: (
         merges.append(kind), real(*a, **k))[1])
   with repl.context():
     counter = tf.Variable(0, dtype=tf.int64)

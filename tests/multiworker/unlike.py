@@ -19,8 +19,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
 import replicator
-from replicator import collectives
-from replicator import peers
+from replicator.collectives import reductions
+from replicator.multiworker import peers
 
 STEPS, BATCH, CHANNELS, DECAY = 3, 8, 4, 0.5
 
@@ -37,8 +37,8 @@ def main():
   peers.kernel_fingerprint = lambda: f"{own()} worker {worker}"
   repl = replicator.MultiGpuReplicator()
   merges = []
-  real = collectives.all_reduce
-  collectives.all_reduce = lambda values, *a, **k: (
+  real = reductions.all_reduce
+  reductions.all_reduce = lambda values, *a, **k: (
       merges.append(len(values[0])), real(values, *a, **k))[1]
   with repl.context():
     bn = replicator.nn.CrossReplicaBatchNorm(False, False, decay_rate=DECAY)

@@ -27,8 +27,8 @@ from tensorflow.python.ops import op_selector
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
 
-from replicator import variable_registry
-from replicator import variables
+from replicator.engine import registry
+from replicator.engine import variables
 
 _local = threading.local()
 
@@ -46,7 +46,7 @@ class VariableFactory:
     self._to_fill: List[variables.ReplicatedVariable] = []  # copies to fill
 
   def _create(self, next_creator: Callable, **kwargs) -> variables.ReplicatedVariable:
-    if variable_registry.in_replica_local() or getattr(_local, "creating", False):
+    if registry.in_replica_local() or getattr(_local, "creating", False):
       return next_creator(**kwargs)  # nested scopes: replicate only once
     _local.creating = True
     try:

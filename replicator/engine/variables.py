@@ -8,7 +8,7 @@ values, except on an ON_READ variable (a metric's accumulator), where it sums
 the changes. Where merges are collectives (GPUs, several workers), a float
 mean's merge waits for the end of the step, where every variable so written
 is averaged in one all-reduce, unless the step reads the copy in between
-(`context.DeferredMerges`). Outside a step, reads see copy 0 and writes go
+(`merges.DeferredMerges`). Outside a step, reads see copy 0 and writes go
 to every copy.
 """
 
@@ -20,12 +20,13 @@ from tensorflow.python.framework import tensor_conversion_registry
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
 
-from replicator import collectives
-from replicator import context
-from replicator import gathering
-from replicator import reduce_options
-from replicator import same_values
-from replicator import variable_registry
+from replicator.engine import merges
+from replicator.collectives import reductions
+from replicator.collectives import replica_context
+from replicator.collectives import gathering
+from replicator.collectives import reduce_options
+from replicator.collectives import same_values
+from replicator.engine import registry
 
 _Aggregation = tf.VariableAggregation
 _ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
@@ -57,7 +58,7 @@ class ReplicatedVariable(tf.Variable):
     # A step read this variable between a write and the step's end, where it
     # matters: its writes are merged where they are made (`_defers`).
     self._merge_at_write = False
-    variable_registry.register_copy(primary, 0, self)
+    registry.register_copy(primary, 0, self)
 
   def _materialize(self):
     """Creates the copies of replicas 1.. from the (initialized) primary."""
@@ -79,7 +80,7 @@ class ReplicatedVariable(tf.Variable):
             copy = resource_variable_ops.ResourceVariable(
                 value, trainable=primary.trainable, dtype=primary.dtype,
                 shape=primary.shape, name=name)
-        variable_registry.register_copy(copy, len(self._vars), self)
+        registry.register_copy(copy, len(self._vars), self)
         self._vars.append(copy)
 
   def _should_act_as_resource_variable(self):
@@ -92,7 +93,7 @@ class ReplicatedVariable(tf.Variable):
 
   @property
   def _current(self) -> tf.Variable:
-    replica = context.current()
+    replica = replica_context.current()
     if replica is None:
       return self._vars[0]
     # `% copies` serves a step of a replicator on other devices than the one
@@ -176,12 +177,12 @@ class ReplicatedVariable(tf.Variable):
 
   # Writes.
   def _update(self, method: str, value, **kwargs):
-    replica = context.current()
+    replica = replica_context.current()
     if replica is None:
       ops = [getattr(v, method)(value, **kwargs) for v in self._vars]
       return ops[0] if kwargs.get("read_value", True) else tf.group(ops)
     copy = self._copy_to_write(replica)
-    if not context.local_writes() and replica.group.num_replicas > 1:
+    if not replica_context.local_writes() and replica.group.num_replicas > 1:
       value = tf.convert_to_tensor(value, self.dtype)
       if method == "assign" and self._sums_changes:
         old = copy.read_value()
@@ -196,7 +197,7 @@ class ReplicatedVariable(tf.Variable):
     return _written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
 
   def _defers(self, replica) -> bool:
-    """Whether this write's merge may wait for the step's end (`context.DeferredMerges`).
+    """Whether this write's merge may wait for the step's end (`merges.DeferredMerges`).
 
     A mean's may: the mean of what each replica's writes leave. Where merges
     are collectives, so that one for all the step's writes saves launches or
@@ -207,7 +208,7 @@ class ReplicatedVariable(tf.Variable):
     """
     group = replica.group
     return (self._reduce_op is reduce_options.ReduceOp.MEAN and not self._merge_at_write
-            and collectives.merged_by_collectives(group.devices, group.workers)
+            and reductions.merged_by_collectives(group.devices, group.workers)
             and tf.compat.v1.get_default_graph() is group.step_graph)
 
   def _aggregate(self, replica, value, defer: bool = False):
@@ -216,11 +217,11 @@ class ReplicatedVariable(tf.Variable):
     if defer:
       merge = lambda values: [[_Deferred(v) for v in own] for own in values]
     elif op is None:
-      merge = lambda values: collectives.broadcast(
+      merge = lambda values: reductions.broadcast(
           values, 0, group.devices, group.num_replicas, group.first_replica_id,
           group.workers)
     else:
-      merge = lambda values: collectives.all_reduce(
+      merge = lambda values: reductions.all_reduce(
           values, op, group.devices, num_replicas=group.num_replicas,
           workers=group.workers)
     if op is not reduce_options.ReduceOp.SUM:
@@ -234,11 +235,11 @@ class ReplicatedVariable(tf.Variable):
     """`write(copy, value)`: on every copy outside a step (`outside` picks what
     to return); inside, on this replica's copy, once `aggregate(replica, value)`
     has made the value common to every replica."""
-    replica = context.current()
+    replica = replica_context.current()
     if replica is None:
       return outside([write(v, value) for v in self._vars])
     copy = self._copy_to_write(replica)
-    if not context.local_writes() and replica.group.num_replicas > 1:
+    if not replica_context.local_writes() and replica.group.num_replicas > 1:
       value = aggregate(replica, value)
     return _written_here(replica, copy, lambda: write(copy, value))
 
@@ -295,7 +296,7 @@ class ReplicatedVariable(tf.Variable):
     """
     group = replica.group
     if self._reduce_op is None:
-      merge = lambda parts: collectives.broadcast(
+      merge = lambda parts: reductions.broadcast(
           parts, 0, group.devices, group.num_replicas, group.first_replica_id,
           group.workers)
     else:
@@ -377,13 +378,13 @@ def _unless_the_same(merge, name: str, workers, read_after_write):
   """
   def merge_unless_the_same(values):
     firsts = [replica[0] for replica in values]
-    if not same_values.same_on_every_replica(firsts, variable_registry.copy_of_handle,
+    if not same_values.same_on_every_replica(firsts, registry.copy_of_handle,
                                              read_after_write):
       return merge(values)
     if workers is None:
       return values
     constants = same_values.same_on_every_worker(
-        firsts[0], variable_registry.copy_of_handle, alike=workers.alike,
+        firsts[0], registry.copy_of_handle, alike=workers.alike,
         read_after_write=read_after_write)
     if constants is None:
       return merge(values)
@@ -415,17 +416,17 @@ class _Deferred:
     self.value = value
 
 
-def merge_deferred(deferred: context.DeferredMerges):
+def merge_deferred(deferred: merges.DeferredMerges):
   """At the end of this replica's step: every deferred variable's copies
   averaged, in one packed all-reduce, and written back."""
-  replica = context.current()
+  replica = replica_context.current()
   group = replica.group
   copies = [variable._copy_to_write(replica)  # pylint: disable=protected-access
             for variable in deferred.variables.values()]
   values = [copy.value() for copy in copies]
   merged = replica.collective(
       "the merge of the variables written in the step", values,
-      lambda values: collectives.all_reduce(
+      lambda values: reductions.all_reduce(
           values, reduce_options.ReduceOp.MEAN, group.devices,
           num_replicas=group.num_replicas, workers=group.workers))
   writes = [_written_here(replica, copy, lambda copy=copy, value=value: copy.assign(

@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from replicator import context
+from replicator import errors
 
 
 class _ByReference:
@@ -88,4 +88,4 @@ class PythonNumbers:
         "last call (%s -> %s). A Python number is compiled into the step, so each "
         "new value compiles it again (seconds each time); pass values that change "
         "from call to call as tensors, e.g. args=(tf.constant(lr),).",
-        context.name_of(self._step_fn), previous, numbers)
+        errors.name_of(self._step_fn), previous, numbers)

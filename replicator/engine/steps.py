@@ -6,7 +6,7 @@ call and optimizer slots are created there, outside the trace, and initialized
 after it from the initializers it computed; see `variable_creation`), and the
 loop reuses that trace; a later trace for other `args` may not create
 variables. On several workers the workers then compare the collectives they
-traced before any of them runs (`step_errors.check_same_program`), and only
+traced before any of them runs (`step_checks.check_same_program`), and only
 then do the chief's initial values go to every worker. How `args` are passed
 is in `step_args`, how each step's batches are fetched in `step_fetch`, and the
 errors of a step that cannot run in `step_errors`.
@@ -14,18 +14,18 @@ errors of a step that cannot run in `step_errors`.
 
 import contextlib
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.ops import op_selector
 
-from replicator import autograph_rules
-from replicator import context
-from replicator import step_args
-from replicator import step_errors
-from replicator import step_fetch
-from replicator import variable_creation
+from replicator.engine import merges
+from replicator.collectives import replica_context
+from replicator.engine import step_args
+from replicator.engine import step_checks
+from replicator.inputs import fetch
+from replicator.engine import creation
 
 
 def _to_spec(value):
@@ -73,7 +73,7 @@ def _hold_effects(ops, gate: tf.Tensor):
   """
   held = {}
   for op in ops:
-    if op.type in variable_creation.READS or not op.op_def.is_stateful:
+    if op.type in creation.READS or not op.op_def.is_stateful:
       continue
     device = op.device
     if device not in held:
@@ -98,12 +98,14 @@ class CompiledStep:
 
   def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
                first_replica_id: int, num_replicas: int,
-               factory: variable_creation.VariableFactory, jit_compile: bool,
-               workers=None, new_variables=None, uneven_batches: bool = False):
+               factory: creation.VariableFactory, jit_compile: bool,
+               workers=None, new_variables=None, uneven_batches: bool = False,
+               tracing: Callable[[], ContextManager] = contextlib.nullcontext):
     self._step_fn = step_fn
+    self._tracing = tracing  # what holds while the replicas are traced (`patches`)
     self._element_spec = element_spec
     # what the traces see: dims that differ between workers are unknown
-    self._traced_spec = step_fetch.agreed_element_spec(element_spec, workers, devices[0])
+    self._traced_spec = fetch.agreed_element_spec(element_spec, workers, devices[0])
     self._devices = tuple(devices)
     self._first_replica_id = first_replica_id
     self._num_replicas = num_replicas
@@ -111,7 +113,7 @@ class CompiledStep:
     self._workers = workers
     self._new_variables = new_variables  # `peers.NewVariables`, with `workers`
     self._python_numbers = step_args.PythonNumbers(step_fn)
-    self._fetcher = step_fetch.BatchFetcher(self._devices, num_replicas, workers,
+    self._fetcher = fetch.BatchFetcher(self._devices, num_replicas, workers,
                                             uneven_batches)
     self._traced = {}  # signature of args -> _Traced
     self._creating = False  # while the real step is traced first (`_trace_first`)
@@ -156,9 +158,9 @@ class CompiledStep:
       # between workers are never sent: there would be a collective too many
       # or of another shape.
       try:
-        step_errors.check_same_program(self._step_fn, self._workers, self._devices[0],
+        step_checks.check_same_program(self._step_fn, self._workers, self._devices[0],
                                        issued, self._new_variables.pending())
-      except step_errors.ProgramsDiffer as error:
+      except step_checks.ProgramsDiffer as error:
         if error.variables_differ:
           self._new_variables.keep_each_workers()
         else:
@@ -184,15 +186,15 @@ class CompiledStep:
       except tf.errors.OutOfRangeError as error:
         if _RAN_OUT not in (error.message or ""):
           raise  # step_fn's own
-        completed, tensors, status = 0, self._initial_outputs(), step_fetch.OUT_OF_DATA
+        completed, tensors, status = 0, self._initial_outputs(), fetch.OUT_OF_DATA
     else:
       completed, tensors, status = self._loop(
           iterator, tf.constant(steps, tf.int64), args,
           tf.constant(pending, tf.int64) if pending else self._no_pending)
       if self._new_variables is not None and self._new_variables.pending():
-        if int(status) == step_fetch.VARIABLES_DIFFER:
+        if int(status) == fetch.VARIABLES_DIFFER:
           self.variables_differ = self._new_variables.keep_each_workers()
-        elif int(status) != step_fetch.STEPS_DIFFER:
+        elif int(status) != fetch.STEPS_DIFFER:
           self._new_variables.send()
     return completed, self._with_nones(tensors), status
 
@@ -209,9 +211,10 @@ class CompiledStep:
         [None if spec is None else next(tensors)
          for spec in tf.nest.flatten(output_spec)])
 
-  def _group(self) -> context.ReplicaGroup:
-    return context.ReplicaGroup(self._devices, self._first_replica_id,
-                                self._num_replicas, workers=self._workers)
+  def _group(self) -> replica_context.ReplicaGroup:
+    return replica_context.ReplicaGroup(self._devices, self._first_replica_id,
+                                        self._num_replicas, workers=self._workers,
+                                        deferred=merges.DeferredMerges())
 
   def _replica_scope(self, creating: bool):
     @contextlib.contextmanager
@@ -221,18 +224,18 @@ class CompiledStep:
           with self._factory.scope():
             yield
         elif creating:
-          with variable_creation.no_creation(
+          with creation.no_creation(
               functools.partial(self._created_on_another_replica, r)):
             yield
         else:
-          with variable_creation.no_creation(
-              variable_creation.created_where("after its first run")):
+          with creation.no_creation(
+              creation.created_where("after its first run")):
             yield
     return scope
 
   def _created_on_another_replica(self, r: int, what: str) -> str:
     replica, first = self._first_replica_id + r, self._first_replica_id
-    collective = context.current().group.last_collective
+    collective = replica_context.current().group.last_collective
     causes = ("step_fn branches on the replica id around it"
               if collective is None else
               f"step_fn checked whether to create it (a module's first call, `if "
@@ -265,13 +268,13 @@ class CompiledStep:
           try:
             concrete = self._replicated_step.get_concrete_function(batches, args, _GATE_SPEC)
             break
-          except context.MergeAtWrite as read:
-            # Again, merging these where they are written (context.DeferredMerges);
+          except merges.MergeAtWrite as read:
+            # Again, merging these where they are written (merges.DeferredMerges);
             # the variables the first trace made are made (`creating` fills them).
             for variable in read.variables:
               variable._merge_at_write = True  # pylint: disable=protected-access
     except op_selector.UnliftableError as error:
-      raise step_errors.data_dependent_initializer(error, self._step_fn) from error
+      raise step_checks.data_dependent_initializer(error, self._step_fn) from error
     finally:
       self._creating = False
     return _Traced(self._traced_output_spec,
@@ -292,20 +295,20 @@ class CompiledStep:
     """
     step_fn = self._converted_in_function()
     args = step_args.dereference(args)
-    per_replica = [((step_fetch.relaxed(b[0], self._traced_spec),) if b is not None
+    per_replica = [((fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
     group = self._group()
-    with autograph_rules.while_tracing():
+    with self._tracing():
       outputs = group.run(step_fn, per_replica, self._replica_scope(creating=self._creating))
     _hold_effects(graph.get_operations()[before:], gate)
-    outputs = [step_errors.check_outputs(o, self._step_fn) for o in outputs]
+    outputs = [step_checks.check_outputs(o, self._step_fn) for o in outputs]
     self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
     leaves = [tf.nest.flatten(o) for o in outputs]
-    step_errors.check_writes(tf.compat.v1.get_default_graph(), len(self._devices),
+    step_checks.check_writes(tf.compat.v1.get_default_graph(), len(self._devices),
                              self._num_replicas, group.library_writes)
-    return tuple(step_errors.stack_over_replicas(xs, self._step_fn)
+    return tuple(step_checks.stack_over_replicas(xs, self._step_fn)
                  for xs in zip(*leaves) if xs[0] is not None)
 
   def _initial_outputs(self):
@@ -347,7 +350,7 @@ class CompiledStep:
     if iterator is None:
       outputs = self._replicated_step([None] * n, args, _open())
       completed = tf.constant(1, tf.int64)
-      status = step_fetch.status_tensor(step_fetch.READY)
+      status = fetch.status_tensor(fetch.READY)
     else:
       optionals, status = self._fetcher.fetch(iterator)
       if status.dtype == tf.bool:  # running out of data is the one way to stop
@@ -356,15 +359,15 @@ class CompiledStep:
           batches = [(o.get_value(),) for o in optionals]
         outputs = self._replicated_step(batches, args, gate)
         completed = tf.constant(1, tf.int64)
-        status = step_fetch.status_tensor(step_fetch.READY)
+        status = fetch.status_tensor(fetch.READY)
       else:
         completed, outputs = tf.cond(
-            step_fetch.is_ready(status),
+            fetch.is_ready(status),
             lambda: (tf.constant(1, tf.int64), self._replicated_step(
                 [(o.get_value(),) for o in optionals], args, _open())),
             lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
-    step_errors.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
-    return completed, outputs, step_fetch.why_stopped(status)
+    step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
+    return completed, outputs, fetch.why_stopped(status)
 
   def _gate(self, ready: tf.Tensor) -> tf.Tensor:
     """A tensor that raises `OutOfRangeError` (from an op in `_RAN_OUT`) unless `ready`."""
@@ -410,7 +413,7 @@ class CompiledStep:
               lambda: (agreed, status))
         return i + 1, agreed, status, outputs
 
-      ready = step_fetch.status_tensor(step_fetch.READY)
+      ready = fetch.status_tensor(fetch.READY)
       first = steps if self._workers is None else tf.constant(1, tf.int64)
       completed, _, status, outputs = tf.while_loop(
           lambda i, agreed, unused_status, unused_outputs: i < agreed, body,
@@ -424,7 +427,7 @@ class CompiledStep:
       def fetch_if_due(i):
         done = (tf.constant(False)
                 if self._fetcher.sizes_to_compare(iterator.element_spec) is None
-                else step_fetch.status_tensor(step_fetch.DONE))
+                else fetch.status_tensor(fetch.DONE))
         return tf.cond(i < steps, lambda: self._fetcher.fetch(iterator),
                        lambda: (empty, done))
 
@@ -437,10 +440,10 @@ class CompiledStep:
       optionals, status = self._fetcher.fetch(
           iterator, *((steps, pending) if self._workers is not None else ()))
       completed, _, status, outputs = tf.while_loop(
-          lambda i, optionals, status, outputs: step_fetch.is_ready(status), body,
+          lambda i, optionals, status, outputs: fetch.is_ready(status), body,
           (zero, optionals, status, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
                             tf.TensorShape([]), invariants),
           parallel_iterations=parallel_iterations)
-    step_errors.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
-    return completed, outputs, step_fetch.why_stopped(status)
+    step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
+    return completed, outputs, fetch.why_stopped(status)

@@ -4,11 +4,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from replicator import variables
-
-
-class ReplicasDiverged(AssertionError):
-  """Raised by `assert_replicas_in_sync` when copies of a variable differ."""
+from replicator import errors
+from replicator.engine import variables
 
 
 def assert_in_sync(variables_to_check, replica_ids: Sequence[int]):
@@ -27,7 +24,7 @@ def assert_in_sync(variables_to_check, replica_ids: Sequence[int]):
     sums = [_checksum(copy) for copy in variable.replicas]
     for r, value in enumerate(sums[1:], start=1):
       if value != sums[0]:
-        raise ReplicasDiverged(
+        raise errors.ReplicasDiverged(
             f"Variable {variable.name!r} differs between replica "
             f"{replica_ids[0]} and replica {replica_ids[r]} (checksums "
             f"{sums[0]} vs {value}).")

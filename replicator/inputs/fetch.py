@@ -10,7 +10,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from replicator import between_workers
+from replicator.collectives import between_workers
 
 # Why a step did or did not run (`BatchFetcher.fetch`'s status).
 READY = 1  # every replica has a batch, all one size

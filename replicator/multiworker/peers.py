@@ -13,9 +13,10 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from replicator import between_workers
-from replicator import cluster
-from replicator import packing
+from replicator import errors
+from replicator.collectives import between_workers
+from replicator.multiworker import cluster
+from replicator.collectives import packing
 from replicator.mesh import Mesh
 
 _SYNC_PACK_BYTES = 64 * 2**20  # initial values travel in buckets of this size
@@ -113,7 +114,7 @@ class Peers:
           self._mesh, timeout_s=min(5.0, self._timeout_s))
       if worker is None:
         return
-    raise cluster.WorkerLost(worker, steps_completed,
+    raise errors.WorkerLost(worker, steps_completed,
                              self._mesh.worker_addresses[worker],
                              type(error).__name__) from error
 

@@ -25,11 +25,11 @@ import sys
 
 import tensorflow as tf
 
-from replicator import context
-from replicator import randomness
-from replicator import reduce_options
-from replicator import replica_ops
-from replicator import variables
+from replicator.collectives import replica_context
+from replicator.patches import randomness
+from replicator.collectives import reduce_options
+from replicator.collectives import in_step
+from replicator.engine import variables
 
 _SEEDED_MODULES = ("keras.src.backend.tensorflow.random",
                    "keras.src.backend.tensorflow.image")
@@ -40,7 +40,7 @@ _NN_MODULE = "keras.src.backend.tensorflow.nn"
 def _fold_replica_into_seed(draw_seed):
   def replica_draw_seed(seed):
     value = draw_seed(seed)
-    replica = context.current()
+    replica = replica_context.current()
     if replica is None or not replica.replica_id:
       return value
     return value + tf.constant([randomness.fold(replica.replica_id), 0], value.dtype)
@@ -53,7 +53,7 @@ def _delegate_to_replicated(method):
 
   def update(self, value):
     inner = getattr(self, "_value", None)
-    if isinstance(inner, variables.ReplicatedVariable) and context.current():
+    if isinstance(inner, variables.ReplicatedVariable) and replica_context.current():
       return getattr(inner, method)(tf.cast(value, inner.dtype))
     return original(self, value)
   update.replicator_original = original
@@ -64,10 +64,10 @@ def _delegate_to_replicated(method):
 def _sum_over_replicas(compute_moments_sync):
   """Keras' synchronized moments, summed over this step's replicas."""
   def moments_over_replicas(x, axes, keepdims):
-    if context.current() is None:
+    if replica_context.current() is None:
       return compute_moments_sync(x, axes, keepdims)
     # As Keras computes them, with our all-reduce for the replica context's.
-    total, squares, count = replica_ops.all_reduce(
+    total, squares, count = in_step.all_reduce(
         [tf.reduce_sum(x, axis=axes, keepdims=True),
          tf.reduce_sum(tf.square(x), axis=axes, keepdims=True),
          tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)],

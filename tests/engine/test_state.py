@@ -7,9 +7,9 @@ import tensorflow as tf
 
 import catalogue
 import replicator
-from replicator import collectives
-from replicator import peers
-from replicator import same_values
+from replicator.collectives import reductions
+from replicator.multiworker import peers
+from replicator.collectives import same_values
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)
@@ -75,8 +75,8 @@ def test_updates_every_replica_computes_alike_are_not_aggregated(name, monkeypat
   n = repl.num_replicas
   merges = []
   for kind in ("all_reduce", "broadcast"):
-    real = getattr(collectives, kind)
-    monkeypatch.setattr(collectives, kind, lambda *a, real=real, kind=kind, **k: (
+    real = getattr(reductions, kind)
+    monkeypatch.setattr(reductions, kind, lambda *a, real=real, kind=kind, **k: (
         merges.append(kind), real(*a, **k))[1])
   with repl.context():
     counter = tf.Variable(0, dtype=tf.int64)
@@ -108,7 +108,7 @@ def _merged_by_collectives(monkeypatch):
   """Local replicas on logical CPUs merged as on GPUs or several workers, where
   a merge is a collective and waits for the end of the step (the same code
   but for the kernel; test_multiworker's agree.py runs it between workers)."""
-  monkeypatch.setattr(collectives, "merged_by_collectives", lambda devices, workers: True)
+  monkeypatch.setattr(reductions, "merged_by_collectives", lambda devices, workers: True)
 
 
 @pytest.mark.parametrize("collective", [True, False], ids=["collectives", "in-graph sums"])
@@ -124,8 +124,8 @@ def test_float_writes_merge_once_at_the_end_of_the_step(name, collective, monkey
   repl = catalogue.make(name)
   n = repl.num_replicas
   calls = []
-  real = collectives.all_reduce
-  monkeypatch.setattr(collectives, "all_reduce", lambda values, *a, **k: (
+  real = reductions.all_reduce
+  monkeypatch.setattr(reductions, "all_reduce", lambda values, *a, **k: (
       calls.append(len(values[0])), real(values, *a, **k))[1])
   with repl.context():
     hidden = tf.Variable([1.0, 2.0])

@@ -7,17 +7,17 @@ from typing import List
 import tensorflow as tf
 from tensorflow.python.eager import record
 
-from replicator import collectives
-from replicator import context
-from replicator import gathering
-from replicator import reduce_options
-from replicator import same_values
+from replicator.collectives import reductions
+from replicator.collectives import replica_context
+from replicator.collectives import gathering
+from replicator.collectives import reduce_options
+from replicator.collectives import same_values
 
 _gradient_ids = itertools.count()
 
 
-def current_replica(method: str) -> context.ReplicaContext:
-  replica = context.current()
+def current_replica(method: str) -> replica_context.ReplicaContext:
+  replica = replica_context.current()
   if replica is None:
     raise RuntimeError(
         f"{method} is only valid while a step runs: call it inside the step_fn "
@@ -88,7 +88,7 @@ def with_summed_gradient(name: str, forward, inputs: List[tf.Tensor], grad_fn):
       float_outputs = [i for i, y in enumerate(outputs) if y.dtype.is_floating]
       summed = replica.collective(
           f"the gradient of {name}", [upstream[i] for i in float_outputs],
-          lambda values: collectives.all_reduce(
+          lambda values: reductions.all_reduce(
               values, reduce_options.ReduceOp.SUM, replica.group.devices,
               num_replicas=replica.group.num_replicas, workers=replica.group.workers))
       grads = [None] * len(xs)
@@ -147,7 +147,7 @@ def all_reduce(value, op=reduce_options.ReduceOp.SUM,
   def merge(values, group):
     reduce_options.check_reducible(values[0], op, method)
     reduce_options.check_same_shapes(values, method, group.first_replica_id)
-    return collectives.all_reduce(values, op, group.devices, options,
+    return reductions.all_reduce(values, op, group.devices, options,
                                   num_replicas=group.num_replicas,
                                   workers=group.workers)
 
@@ -162,7 +162,7 @@ def all_reduce(value, op=reduce_options.ReduceOp.SUM,
     ties = [tf.cast(tf.equal(x, y), x.dtype) for x, y in zip(xs, ys)]
     counts = replica.collective(
         f"the tie count of {method}", ties,
-        lambda values: collectives.all_reduce(
+        lambda values: reductions.all_reduce(
             values, reduce_options.ReduceOp.SUM, replica.group.devices,
             num_replicas=replica.group.num_replicas, workers=replica.group.workers))
     return [tie * dy / tf.maximum(count, 1) for tie, dy, count
@@ -262,6 +262,6 @@ def broadcast(value, source_replica: int = 0):
 
   return _collective(
       "broadcast", value,
-      lambda values, group: collectives.broadcast(
+      lambda values, group: reductions.broadcast(
           values, source_replica, group.devices, group.num_replicas,
           group.first_replica_id, group.workers), grad)

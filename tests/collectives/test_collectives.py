@@ -9,10 +9,10 @@ import tensorflow as tf
 
 import catalogue
 import replicator
-from replicator import between_workers
-from replicator import cluster
-from replicator import collectives
-from replicator import gathering
+from replicator.collectives import between_workers
+from replicator.multiworker import cluster
+from replicator.collectives import reductions
+from replicator.collectives import gathering
 from replicator import mesh as mesh_lib
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64]
@@ -87,7 +87,7 @@ def _reduce_in_graph(values, options, op=replicator.ReduceOp.SUM, count=("AddN",
 
   @tf.function
   def fn():
-    return collectives.all_reduce(
+    return reductions.all_reduce(
         [[tf.constant(v) for v in replica] for replica in values], op, devices, options)
 
   graph = fn.get_concrete_function().graph
@@ -190,12 +190,12 @@ def test_buckets_cross_workers_last_layer_first():
   def fn():
     values = [[tf.constant(np.ones(n, np.float32), name=f"layer{i}")
                for i, n in enumerate(sizes)]]
-    return collectives.all_reduce(
+    return reductions.all_reduce(
         values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
         replicator.AllReduceOptions(pack_bytes=30 * 4), num_replicas=2, workers=workers)
 
   graph = fn.get_concrete_function().graph
-  reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+  reduce_ops = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
 
   def layers_feeding(op):
     seen, stack, layers = set(), [op], set()
@@ -210,7 +210,7 @@ def test_buckets_cross_workers_last_layer_first():
     return layers
 
   # Built (and so sent) in this order: {10, 5}, {20}, {30}, {40} floats.
-  assert [layers_feeding(op) for op in reductions] == [{3, 4}, {2}, {1}, {0}]
+  assert [layers_feeding(op) for op in reduce_ops] == [{3, 4}, {2}, {1}, {0}]
 
 
 def _five_buckets_between_two_workers(in_flight, crowded=False):
@@ -221,7 +221,7 @@ def _five_buckets_between_two_workers(in_flight, crowded=False):
   @tf.function
   def fn():
     values = [[tf.constant(np.ones(10, np.float32)) for _ in range(5)]]
-    return collectives.all_reduce(
+    return reductions.all_reduce(
         values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
         replicator.AllReduceOptions(pack_bytes=40, buckets_in_flight=in_flight),
         num_replicas=2, workers=workers)
@@ -235,15 +235,15 @@ def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
   only (same ordering token); with 1 every collective waits for the previous
   one, as tf.function orders collectives without tokens."""
   graph = _five_buckets_between_two_workers(in_flight)
-  reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
-  assert len(reductions) == 5
-  for i, op in enumerate(reductions):
-    waits_for = [reductions.index(c) for c in op.control_inputs if c in reductions]
+  reduce_ops = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+  assert len(reduce_ops) == 5
+  for i, op in enumerate(reduce_ops):
+    waits_for = [reduce_ops.index(c) for c in op.control_inputs if c in reduce_ops]
     assert waits_for == ([i - in_flight] if i >= in_flight else []), (i, waits_for)
     tokens = [t.op for t in op.inputs if t.dtype == tf.resource]
     assert len(tokens) == (0 if in_flight == 1 else 1)
     if in_flight > 1 and i >= in_flight:
-      assert tokens == [t.op for t in reductions[i - in_flight].inputs
+      assert tokens == [t.op for t in reduce_ops[i - in_flight].inputs
                         if t.dtype == tf.resource]
 
 
@@ -268,14 +268,14 @@ def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
   def fn():
     values = [[tf.constant(np.ones(10, np.float32)) for _ in range(3)]
               for _ in range(local)]
-    return collectives.all_reduce(
+    return reductions.all_reduce(
         values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
             compression=replicator.Compression[compression]),
         num_replicas=local * num_workers, workers=workers)
 
   graph = fn.get_concrete_function().graph
-  reductions = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
-  assert [op.get_attr("final_op") for op in reductions] == (
+  reduce_ops = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+  assert [op.get_attr("final_op") for op in reduce_ops] == (
       [] if num_workers == 1 else [b"Div"] if divided_in_ring else [b"Id"])
   divisions = [op for op in graph.get_operations() if op.type in ("RealDiv", "Div")]
   assert len(divisions) == (0 if divided_in_ring else 1), divisions
@@ -289,7 +289,7 @@ def _traced_mean_of_ones(devices, compression, **kwargs):
     for device in devices:
       with tf.device(device):
         values.append([tf.constant(np.ones(10, np.float32)) for _ in range(3)])
-    return collectives.all_reduce(
+    return reductions.all_reduce(
         values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
             compression=replicator.Compression[compression]), **kwargs)
 
@@ -340,7 +340,7 @@ def test_one_worker_or_one_bucket_has_no_lanes():
     @tf.function
     def fn():
       values = [[tf.constant(np.ones(10, np.float32)) for _ in range(3)]]
-      return collectives.all_reduce(
+      return reductions.all_reduce(
           values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
           replicator.AllReduceOptions(pack_bytes=pack_bytes, buckets_in_flight=4),
           num_replicas=2 * num_workers, workers=workers)
@@ -687,9 +687,9 @@ def test_gpus_sum_by_nccl_only_where_nccl_takes_the_dtype_and_the_gpus(
   """Traced only (no GPU runs here). Both refusals were seen on the device
   machine: a TypeError at trace for bfloat16, "NCCL: invalid usage" at run
   time between logical GPUs of one H200."""
-  monkeypatch.setattr(collectives, "_gpus_split", lambda: split)
+  monkeypatch.setattr(reductions, "_gpus_split", lambda: split)
   devices = ["/device:GPU:0", "/device:GPU:1"]
   types = [op.type for op in _traced_mean_of_ones(devices, compression).get_operations()]
   assert ("NcclAllReduce" in types) == nccl
   assert ("AddN" in types) == (not nccl)
-  assert collectives.merged_by_collectives(devices) == (not split)
+  assert reductions.merged_by_collectives(devices) == (not split)

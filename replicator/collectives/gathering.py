@@ -13,8 +13,8 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
-from replicator import between_workers
-from replicator import collectives
+from replicator.collectives import between_workers
+from replicator.collectives import reductions
 
 
 def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
@@ -36,12 +36,12 @@ def all_gather(values: List[List[tf.Tensor]], axis: int,
   results = [[None] * len(values[0]) for _ in values]
   across = workers is not None and workers.num_workers > 1
   with tf.device(devices[0]):
-    local = [tf.concat([gather_part(collectives.dense(r[index]), axis)
+    local = [tf.concat([gather_part(reductions.dense(r[index]), axis)
                         for r in values], axis=axis)
              for index in range(len(values[0]))]
     gathered = _across_workers(local, axis, workers) if across else local
     for index, value in enumerate(gathered):
-      for r, copy in enumerate(collectives.spread(value, devices)):
+      for r, copy in enumerate(reductions.spread(value, devices)):
         results[r][index] = copy
   return results
 

@@ -11,11 +11,11 @@ import re
 
 import tensorflow as tf
 
-from replicator import between_workers
-from replicator import context
-from replicator import peers
-from replicator import variable_registry
-from replicator import variables
+from replicator import errors
+from replicator.collectives import between_workers
+from replicator.multiworker import peers
+from replicator.engine import registry
+from replicator.engine import variables
 
 # "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal.
 _XLA_MISSING_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA_\w+_JIT")
@@ -31,7 +31,7 @@ def xla_unsupported(error: tf.errors.OpError, step_fn, compiled_by: str):
   ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
   if not ops:
     return None
-  name = context.name_of(step_fn)
+  name = errors.name_of(step_fn)
   if _PRINT_OPS.intersection(ops):
     fix = ("tf.print cannot run inside the compiled step: return the values "
            "from step_fn and print what run returns (one row per replica)")
@@ -51,7 +51,7 @@ def check_outputs(outputs, step_fn):
     if isinstance(leaf, tf.Variable):
       return tf.convert_to_tensor(leaf)
     raise TypeError(
-        f"step_fn: {context.name_of(step_fn)} returned "
+        f"step_fn: {errors.name_of(step_fn)} returned "
         f"{type(leaf).__name__} {leaf!r} in {outputs!r}; return tensors (wrap "
         "Python numbers with tf.constant, or leave them out).")
   return tf.nest.map_structure(check, outputs)
@@ -65,7 +65,7 @@ def different_output_shapes(step_fn, shapes=None) -> str:
   """The error for replicas whose outputs differ in shape."""
   found = f" ({', '.join(str(s) for s in shapes)})" if shapes else ""
   return (
-      f"step_fn: {context.name_of(step_fn)} returned an output "
+      f"step_fn: {errors.name_of(step_fn)} returned an output "
       f"whose shape differs from replica to replica{found}; run stacks each "
       "output over the replicas, so it must have one shape on all of them. "
       "Reduce it inside the step (repl.all_sum, a mean), or pad it to a fixed "
@@ -94,7 +94,7 @@ def stack_over_replicas(values, step_fn):
 def data_dependent_initializer(error, step_fn) -> ValueError:
   """The error for a variable that step_fn initializes from the step's input."""
   return ValueError(
-      f"step_fn: {context.name_of(step_fn)} "
+      f"step_fn: {errors.name_of(step_fn)} "
       "creates a variable whose initial value depends on the step's input "
       "(data-dependent initialization, as in ActNorm); variables made in "
       "the step are initialized before any batch arrives. Create it before "
@@ -146,7 +146,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
     workers.issued = issued_before + most
   if (fewest_made, low_made) != (most_made, high_made):
     raise ProgramsDiffer(
-        f"step_fn: {context.name_of(step_fn)}: worker {workers.worker_index} made "
+        f"step_fn: {errors.name_of(step_fn)}: worker {workers.worker_index} made "
         f"{len(made)} variable(s) in its first run or in repl.context() since "
         f"the last run ({peers.listed(made)}), "
         f"and the workers from {fewest_made} to {most_made} or other ones, so the "
@@ -154,7 +154,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
         f"own, and the step does not run. {_SAME_PROGRAM}", variables_differ=True)
   if low_assumed != high_assumed and fewest == most:
     raise ProgramsDiffer(
-        f"step_fn: {context.name_of(step_fn)} computes an update of a variable "
+        f"step_fn: {errors.name_of(step_fn)} computes an update of a variable "
         "from constants that differ between workers (or makes such updates on "
         "some workers only), where every other input is the same on all of "
         "them; the update is not merged between workers (each computes it "
@@ -165,7 +165,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
         f"{_SAME_PROGRAM}")
   if fewest != most:
     raise ProgramsDiffer(
-        f"step_fn: {context.name_of(step_fn)} traced "
+        f"step_fn: {errors.name_of(step_fn)} traced "
         f"{len(signatures)} cross-worker collective(s) on worker "
         f"{workers.worker_index} and from {fewest} to {most} on the "
         f"workers, so they would wait for each other forever. {_SAME_PROGRAM}")
@@ -182,7 +182,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
   listed = [f"{kind} {dtype}{'[?]' if ds is None else list(ds)}"
             for kind, dtype, ds in filter(None, signatures)]
   raise ProgramsDiffer(
-      f"step_fn: {context.name_of(step_fn)} traced collectives of other "
+      f"step_fn: {errors.name_of(step_fn)} traced collectives of other "
       f"dtypes or shapes on other workers (this worker, {workers.worker_index}: "
       f"{'; '.join(listed[:8])}{'; ...' if len(listed) > 8 else ''}); run, they "
       f"would abort every collective of this process. {_SAME_PROGRAM}")
@@ -228,7 +228,7 @@ def check_writes(graph, num_devices: int, num_replicas: int = 1,
   # checked where this worker has several replicas), or a replica's copy.
   captured = {id(internal): external for external, internal in graph.captures
               if external.dtype == tf.resource}
-  known = variable_registry.component_handles() if num_devices > 1 else None
+  known = registry.component_handles() if num_devices > 1 else None
   for op in graph.get_operations():
     if not (op.type.startswith(_VARIABLE_WRITES) and op.inputs):
       continue
@@ -240,9 +240,9 @@ def check_writes(graph, num_devices: int, num_replicas: int = 1,
       what = f" of dtype {value.dtype.name}" if value is not None else ""
       raise ValueError(_made_outside(
           f"writes a variable{what} ({op.type} {op.name!r}) that was"))
-    if op not in library_writes and variable_registry.copy_of_handle(external) is not None:
+    if op not in library_writes and registry.copy_of_handle(external) is not None:
       raise ValueError(
-          f"step_fn writes the variable {variable_registry.name_of_handle(external)!r} "
+          f"step_fn writes the variable {registry.name_of_handle(external)!r} "
           f"through its handle ({op.type} {op.name!r}), which changes only the copy "
           "of the replica that runs it, so the replicas' copies would drift apart. "
           "Write it with its own methods (assign, assign_add, assign_sub, "
@@ -255,7 +255,7 @@ def check_variables(graph, num_devices: int):
     return
   for variable in graph._watched_variables:  # pylint: disable=protected-access
     # (a function loaded from a SavedModel watches the ReplicatedVariable itself)
-    if not (variable_registry.is_component(variable) or
+    if not (registry.is_component(variable) or
             isinstance(variable, variables.ReplicatedVariable)):
       generator = ("" if "StateVar" not in variable.name else
                    " If it is a tf.random.Generator's state (such as "

@@ -2,7 +2,7 @@
 
 An input is an `input_fn` object, started at its first run and again after a
 reset or a restore. Its position (steps taken since it started) is what a
-checkpoint keeps, under a name (`resume.input_name`) that a resumed script
+checkpoint keeps, under a name (`positions_lib.input_name`) that a resumed script
 finds again.
 """
 
@@ -12,9 +12,9 @@ from typing import Callable
 
 import tensorflow as tf
 
-from replicator import context
-from replicator import inputs
-from replicator import resume
+from replicator import errors
+from replicator.inputs import input_context
+from replicator.inputs import positions as positions_lib
 from replicator.mesh import Mesh
 
 
@@ -33,7 +33,7 @@ def warn_if_new_each_call(step_fn, input_fn, compiled):
         "loop) is a new input that starts from its first batch, and compiles "
         "the step again. Define input_fn once, outside the loop, unless you "
         "mean to restart the data (reset_input does that).",
-        context.name_of(step_fn))
+        errors.name_of(step_fn))
 
 
 def warn_if_step_fn_new_each_call(step_fn, compiled):
@@ -59,7 +59,7 @@ def warn_if_step_fn_new_each_call(step_fn, compiled):
         "or functools.partial written inside the training loop) compiles the "
         "step again and keeps it. Define step_fn once, outside the loop, and "
         "pass what changes through args=(...).",
-        context.name_of(function), code.co_filename, code.co_firstlineno)
+        errors.name_of(function), code.co_filename, code.co_firstlineno)
 
 
 def _unwrapped(fn):
@@ -88,18 +88,18 @@ class InputStreams:
   def key(self, input_fn) -> str:
     """A name for `input_fn` that is stable across restarts of the same script.
 
-    Its qualified name and closure constants (`resume.input_name`), numbered
+    Its qualified name and closure constants (`positions_lib.input_name`), numbered
     in order of first use, with a warning, when several inputs share one.
     """
     if input_fn not in self._input_keys:
-      name = resume.input_name(input_fn)
+      name = positions_lib.input_name(input_fn)
       taken = set(self._input_keys.values())
       key, number = name, 1
       while key in taken:
         number += 1
         key = f"{name}#{number}"
       if number == 2:
-        resume.warn_indistinct(name)
+        positions_lib.warn_indistinct(name)
       self._input_keys[input_fn] = key
     return self._input_keys[input_fn]
 
@@ -128,20 +128,20 @@ class InputStreams:
     key = self.key(input_fn)
     self._claim_saved_positions(key)
     taken = self._skip.get(key, 0)
-    ctx = inputs.InputContext(
+    ctx = input_context.InputContext(
         num_input_pipelines=self._mesh.num_workers,
         input_pipeline_id=self._mesh.worker_index,
         num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
     dataset = input_fn(ctx)
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
-          f"input_fn: {context.name_of(input_fn)} returned "
+          f"input_fn: {errors.name_of(input_fn)} returned "
           f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
     check_dataset(dataset, input_fn)
-    skipped = inputs.check_skipped_by_input_fn(dataset, ctx,
-                                               context.name_of(input_fn))
-    if inputs.allows_uneven_batches(dataset):
+    skipped = input_context.check_skipped_by_input_fn(dataset, ctx,
+                                               errors.name_of(input_fn))
+    if input_context.allows_uneven_batches(dataset):
       self._uneven_inputs.add(input_fn)
     if expected_spec is not None and dataset.element_spec != expected_spec:
       raise ValueError(
@@ -160,7 +160,7 @@ class InputStreams:
     """Steps taken from each input since it started (what a checkpoint keeps)."""
     return dict(self._consumed)
 
-  def resume(self, saved: resume.SavedPositions) -> None:
+  def resume(self, saved: positions_lib.SavedPositions) -> None:
     """Resumes from `saved` (see `Replicator.resume_inputs`)."""
     self._saved_positions, self._skip, self._consumed = saved, {}, {}
     self._restored = set(self._inputs)

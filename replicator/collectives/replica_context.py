@@ -1,4 +1,4 @@
-"""The replica context (which replica is being traced) and the input context.
+"""The replica context: which replica is being traced, and where replicas meet.
 
 A step is traced once per local replica into one graph. Each replica is traced
 in its own thread so that a collective can pause it until every replica has
@@ -80,10 +80,12 @@ class ReplicaGroup:
     first_replica_id: global id of the first local replica.
     num_replicas: replicas in the whole job.
     workers: a `cluster.CollectiveKeys` when replicas span several workers.
+    deferred: the variable merges that wait for the end of the step
+      (`engine.merges.DeferredMerges`); None where no variable is written.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
-               num_replicas: int, workers=None):
+               num_replicas: int, workers=None, deferred=None):
     self.devices = tuple(devices)
     self.first_replica_id = first_replica_id
     self.num_replicas = num_replicas
@@ -97,7 +99,7 @@ class ReplicaGroup:
     self.function_copies = {}
     self.step_graph = None  # the graph `run` traces the replicas into
     self.last_collective = None  # the name of the last collective the replicas met at
-    self.deferred = DeferredMerges()
+    self.deferred = deferred  # an `engine.merges.DeferredMerges`, or None
     # The ops by which replicated variables wrote their copies in the step's
     # graph (`variables`); `step_errors.check_writes` refuses any other.
     self.library_writes = set()
@@ -143,7 +145,8 @@ class ReplicaGroup:
           raise arrival[1]
       if all(kind == "done" for kind in kinds):
         outputs = [arrival[1] for arrival in self._arrivals]
-        self.deferred.check_unread(outputs)
+        if self.deferred is not None:
+          self.deferred.check_unread(outputs)
         return outputs
       names = [arrival[1] if arrival[0] == "collective" else "return from step_fn"
                for arrival in self._arrivals]
@@ -170,7 +173,8 @@ class ReplicaGroup:
         graph._variable_creator_stack = creators  # pylint: disable=protected-access
         with _entered(ReplicaContext(self, r)), replica_scope(r):
           outputs = fn(*args)
-          self.deferred.merge()
+          if self.deferred is not None:
+            self.deferred.merge()
           self._arrivals[r] = ("done", outputs)
     except _Aborted:
       return
@@ -237,142 +241,5 @@ def _check_same_graph(values, name):
             "move the loop into run(..., steps=k).")
 
 
-class MergeAtWrite(Exception):
-  """The step read variables whose merge it deferred: trace it again, merging them
-  where they are written (`DeferredMerges.check_unread`)."""
-
-  def __init__(self, variables):
-    super().__init__(", ".join(v.name for v in variables))
-    self.variables = variables
-
-
-class DeferredMerges:
-  """Variable writes of one step trace whose merge waits for the step's end.
-
-  Where merges are collectives (`collectives.merged_by_collectives`), a
-  float variable averaged over replicas (`snt.BatchNorm`'s moving
-  averages, spectral norm's `u`) is written on each replica's copy alone,
-  and the copies are averaged once, all in one packed all-reduce, after
-  step_fn returns (`variables.merge_deferred`): between workers, 106 round
-  trips a ResNet-50 step become one. That is the merge at the write only
-  while nothing reads the copy in between but what is itself written to a
-  deferred variable (Sonnet's debiased average, computed from the hidden
-  one). A read that reaches anything else (the loss, step_fn's outputs, a
-  collective, a `tf.cond` or any op with effects) would see this replica's
-  value where the merge at the write gives the mean: `check_unread` finds
-  it once the trace is done and raises `MergeAtWrite` for those variables,
-  and the step is traced again with their merges where they are written.
-  """
-
-  def __init__(self):
-    self.variables = {}  # id of a ReplicatedVariable -> it, in the order first deferred
-    self._handles = {}  # id of a copy's handle in the step graph -> (it, its variable)
-    self._earlier = {}  # id of that handle -> the ops that used it before the write
-    self._own = set()  # the ops of the merge at the end
-    self._merge = None
-
-  def add(self, variable, handle: tf.Tensor, merge: Callable[["DeferredMerges"], None]):
-    """`variable`'s copy, used in the step graph through `handle`, is written next;
-    `merge(self)` merges every deferred variable at the end of a replica's step."""
-    self._merge = merge
-    self.variables.setdefault(id(variable), variable)
-    if id(handle) not in self._handles:
-      self._handles[id(handle)] = (handle, variable)
-      self._earlier[id(handle)] = frozenset(handle.consumers())
-
-  def merge(self):
-    """At the end of the current replica's step (`add`'s `merge`), if any."""
-    if self.variables:
-      self._merge(self)
-
-  def read_after_write(self, op) -> bool:
-    """Whether `op` reads a copy after a deferred write to it (and before the end)."""
-    return (op.type == "ReadVariableOp" and id(op.inputs[0]) in self._handles
-            and op not in self._earlier[id(op.inputs[0])] and op not in self._own)
-
-  def own(self, ops):
-    """`ops` are the end's merge, which reads and writes the copies as it should."""
-    self._own.update(ops)
-
-  def check_unread(self, outputs):
-    """Raises `MergeAtWrite` for the deferred variables read where it matters."""
-    returned = {id(t) for t in tf.nest.flatten(outputs, expand_composites=True)
-                if tf.is_tensor(t)}
-    read = {}
-    for key, (handle, variable) in self._handles.items():
-      later = [op for op in handle.consumers()
-               if op not in self._earlier[key] and op not in self._own]
-      if not all(self._harmless(op, returned) for op in later):
-        read[id(variable)] = variable
-    if read:
-      raise MergeAtWrite(list(read.values()))
-
-  def _harmless(self, op, returned) -> bool:
-    """Whether `op`, which uses a copy after a deferred write, only writes it, or
-    reads it into nothing but writes of deferred copies (and ops with no effect)."""
-    if op.type in _WRITES:
-      return True
-    if op.type != "ReadVariableOp":
-      return False  # a tf.cond, a loop, a sparse read: not followed
-    seen, stack = {op}, [op]
-    while stack:
-      current = stack.pop()
-      for tensor in current.outputs:
-        if id(tensor) in returned:
-          return False
-        for consumer in tensor.consumers():
-          if consumer in seen:
-            continue
-          seen.add(consumer)
-          if consumer.type in _WRITES and id(consumer.inputs[0]) in self._handles:
-            continue  # into a copy merged at the end
-          if consumer.op_def is None or consumer.op_def.is_stateful:
-            return False
-          stack.append(consumer)
-    return True
-
-
-_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
-
-
 class _Aborted(BaseException):
   """Unwinds a replica thread whose step trace was abandoned."""
-
-
-def name_of(fn):
-  """How errors name a user's function (its repr when it has no `__name__`)."""
-  return getattr(fn, "__name__", fn)
-
-
-UNEVEN_BATCHES_FIX = (
-    "A step runs only when every replica's batch is the same size (the mean "
-    "over replicas weights each alike). A dataset batched without "
-    "drop_remainder ends with a short batch: batch with drop_remainder=True "
-    "for training, or use replicator.pad_to_global_batch for evaluation. If "
-    "batch sizes vary on purpose, return replicator.allow_uneven_batches(ds) "
-    "from input_fn and weight the loss yourself.")
-
-
-class InputExhausted(tf.errors.OutOfRangeError):
-  """The input ran out: every replica stopped after `steps_completed` steps.
-
-  Attributes:
-    steps_completed: steps of this `run` call that ran before the input ended.
-    outputs: what `step_fn` returned on the last completed step (None if no
-      step ran).
-    uneven_batches: it stopped because the next step's batches were not all
-      the same size (see `replicator.allow_uneven_batches`).
-  """
-
-  def __init__(self, steps_completed: int, outputs=None,
-               uneven_batches: bool = False):
-    message = (f"The input ran out after {steps_completed} step(s) of this "
-               "run() call; call reset_input(input_fn) to start it again.")
-    if uneven_batches:
-      message = (f"The input stopped after {steps_completed} step(s) of this "
-                 "run() call: the next step's batches were not all the same "
-                 f"size. {UNEVEN_BATCHES_FIX}")
-    super().__init__(None, None, message)
-    self.steps_completed = steps_completed
-    self.outputs = outputs
-    self.uneven_batches = uneven_batches

@@ -15,9 +15,9 @@ import tensorflow as tf
 import catalogue
 import test_equivalence
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "multiworker", "train_mlp.py")
-COLLECTIVES = os.path.join(os.path.dirname(__file__), "multiworker", "collectives.py")
-SIDE_BY_SIDE = os.path.join(os.path.dirname(__file__), "multiworker", "side_by_side.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "train_mlp.py")
+COLLECTIVES = os.path.join(os.path.dirname(__file__), "collectives.py")
+SIDE_BY_SIDE = os.path.join(os.path.dirname(__file__), "side_by_side.py")
 
 
 def _launch(tmp_path, *script_args, workers=2, devices=2, timeout_s=240, script=SCRIPT):
@@ -340,7 +340,7 @@ def _run_workers(script_args, timeout_s=120, workers=2, wait_for=(0,),
                  script="lose_worker.py"):
   """Starts workers directly (no launcher); returns [(code, output)] of `wait_for`."""
   from replicator import launch  # pylint: disable=g-import-not-at-top
-  script = os.path.join(os.path.dirname(__file__), "multiworker", script)
+  script = os.path.join(os.path.dirname(__file__), script)
   procs = [subprocess.Popen([sys.executable, script, *script_args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for env in launch.worker_environments(workers, devices_per_worker=1)]
@@ -400,7 +400,7 @@ def test_a_worker_lost_before_the_first_step_is_named_by_every_survivor(how, lim
 
 def _launch_resume(out, ckpt, *extra):
   out.mkdir(exist_ok=True)
-  script = os.path.join(os.path.dirname(__file__), "multiworker", "resume.py")
+  script = os.path.join(os.path.dirname(__file__), "resume.py")
   command = [sys.executable, "-m", "replicator.launch", "--workers", "2",
              "--devices-per-worker", "2", "--", sys.executable, script,
              "--out", str(out), "--ckpt", str(ckpt), *extra]
@@ -451,7 +451,7 @@ def test_synchronized_batch_norm_on_workers_that_are_not_alike_merges_its_averag
   fingerprint) each combine the gathered statistics themselves, so the moving
   averages are merged, at the step's end, in one all-reduce, and the workers
   hold the same bits (alike workers update their own: no all-reduce)."""
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "multiworker"))
+  sys.path.insert(0, os.path.dirname(__file__))
   import unlike  # pylint: disable=g-import-not-at-top
   results = _run_workers([], timeout_s=120, wait_for=(0, 1), script="unlike.py")
   lines = [re.search(r"UNLIKE (\S+) (\[.*?\]) (\S+) (.*)", out) for _, out in results]

@@ -22,8 +22,8 @@ from tensorflow.python.autograph.impl import api as autograph_api
 from tensorflow.python.eager.polymorphic_function import concrete_function
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
-from replicator import context
-from replicator import variable_registry
+from replicator.collectives import replica_context
+from replicator.engine import registry
 
 _Function = polymorphic_function.Function
 _original_call = _Function.__call__
@@ -32,7 +32,7 @@ _original_concrete_call = _ConcreteFunction.__call__
 
 
 def _call(function, *args, **kwargs):
-  replica = context.current()
+  replica = replica_context.current()
   if replica is None or function._run_functions_eagerly:  # pylint: disable=protected-access
     return _original_call(function, *args, **kwargs)
   # pylint: disable-next=protected-access
@@ -58,10 +58,10 @@ def _call_concrete(function, *args, **kwargs):
   copies it was traced with (the first replica's, or every copy for an
   update), so it cannot follow the replica that calls it.
   """
-  replica = context.current()
+  replica = replica_context.current()
   if replica is not None:
     for variable in function.variables:
-      index = variable_registry.copy_index(variable)
+      index = registry.copy_index(variable)
       if index is not None and index != replica.index:
         name = function.name
         name = name.decode() if isinstance(name, bytes) else name

@@ -13,11 +13,11 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops as resource_variable_ops
 from tensorflow.python.ops import nccl_ops
 
-from replicator import between_workers
-from replicator import packing
-from replicator.reduce_options import AllReduceOptions
-from replicator.reduce_options import check_reducible
-from replicator.reduce_options import ReduceOp
+from replicator.collectives import between_workers
+from replicator.collectives import packing
+from replicator.collectives.reduce_options import AllReduceOptions
+from replicator.collectives.reduce_options import check_reducible
+from replicator.collectives.reduce_options import ReduceOp
 
 
 def spread(value: tf.Tensor, devices: Sequence[str]) -> List[tf.Tensor]:

@@ -15,9 +15,9 @@ from tensorflow.python.framework import random_seed
 from tensorflow.python.ops import gen_stateless_random_ops_v2
 from tensorflow.python.ops import stateful_random_ops
 
-from replicator import context
-from replicator import variable_registry
-from replicator import variables
+from replicator.collectives import replica_context
+from replicator.engine import registry
+from replicator.engine import variables
 
 _GOLDEN = 0x9E3779B1
 _original_get_seed = random_seed.get_seed
@@ -30,7 +30,7 @@ def fold(replica_id: int) -> int:
 
 def _get_seed(op_seed):
   graph_seed, op_seed = _original_get_seed(op_seed)
-  replica = context.current()
+  replica = replica_context.current()
   if replica is not None and op_seed is not None and replica.replica_id:
     op_seed = (op_seed + fold(replica.replica_id)) % (2**31 - 1)
   return graph_seed, op_seed
@@ -48,7 +48,7 @@ def _preprocess_key(generator, key):
   draw different numbers (replica 0 those of a plain generator).
   """
   key = _original_preprocess_key(generator, key)
-  replica = context.current()
+  replica = replica_context.current()
   if (replica is None or not replica.replica_id or
       not isinstance(generator.state, variables.ReplicatedVariable)):
     return key
@@ -85,7 +85,7 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
       raise TypeError(f"seed: expected an int, got {seed!r}.")
     self._replica_ids = tuple(replica_ids)
     self._num_replicas = num_replicas
-    with variable_registry.replica_local():
+    with registry.replica_local():
       root = tf.random.Generator.from_seed(seed)
       splits = root.split(num_replicas) if num_replicas > 1 else [root]
       self._initial_states = np.stack([s.state.numpy() for s in splits])
@@ -97,7 +97,7 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
                                              splits[replica_id].algorithm))
 
   def _current(self) -> tf.random.Generator:
-    replica = context.current()
+    replica = replica_context.current()
     return self._generators[replica.index if replica else 0]
 
   def __getattr__(self, name):
@@ -135,7 +135,7 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
         "state of replica 0 (reproducible, but not the saved streams).",
         saved_replicas, self._num_replicas,
         " with another seed" if saved_replicas == self._num_replicas else "")
-    with variable_registry.replica_local():
+    with registry.replica_local():
       root = tf.random.Generator.from_state(saved[0], self._generators[0].algorithm)
       splits = root.split(self._num_replicas) if self._num_replicas > 1 else [root]
       return [splits[r].state.numpy() for r in self._replica_ids]

@@ -204,27 +204,6 @@ class CollectiveKeys:
       return next(self._checks)
 
 
-class WorkerLost(RuntimeError):
-  """A worker died or froze; training cannot go on (restart from a checkpoint).
-
-  Attributes:
-    worker: index of the lost worker, or None when it could not be told.
-    step: steps this worker had completed before the `run` call (or other
-      call) in which the loss was detected.
-  """
-
-  def __init__(self, worker: Optional[int], step: int, address: str = "",
-               detail: str = ""):
-    who = f"worker {worker} ({address})" if worker is not None else "a worker"
-    super().__init__(
-        f"{who} was lost during the call after step {step}"
-        f"{': ' + detail if detail else ''}. "
-        "Training stops on every worker; restart all workers and resume from "
-        "the last checkpoint (replicator.Checkpointer.restore_latest()).")
-    self.worker = worker
-    self.step = step
-
-
 def host_is_crowded(mesh: Mesh) -> bool:
   """Whether this worker's host runs more of the job's workers than it has cores.
 

@@ -1,0 +1,11 @@
+"""The in-graph engine: replicated variables and the compiled step.
+
+- `registry`: which variables are per-replica copies.
+- `variables`: `ReplicatedVariable`, one copy per replica, writes merged.
+- `merges`: the writes whose merge waits for the end of the step.
+- `creation`: the variable factory of `repl.context()` and of a step's first trace.
+- `step_args`: how `run`'s `args` reach the step.
+- `step_checks`: the errors of a step that cannot run.
+- `steps`: `CompiledStep`, k steps of every replica in one call.
+- `divergence`: whether the copies still agree.
+"""
