@@ -16,12 +16,10 @@ from replicator import errors
 from replicator.multiworker import cluster
 from replicator.engine import divergence
 from replicator.inputs import streams
-from replicator.patches import autograph_rules
-from replicator.patches import keras_compat
-from replicator.patches import nested_functions
 from replicator import optimizers
 from replicator.multiworker import peers
 from replicator.patches import randomness
+from replicator.patches import registry as patches
 from replicator.collectives import reduce_options
 from replicator.collectives import in_step
 from replicator.inputs import positions
@@ -76,9 +74,6 @@ class Replicator:
     self._inputs = streams.InputStreams(mesh)
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
-    randomness.install()
-    nested_functions.install()
-    keras_compat.install()
     if self._peers is not None:
       try:
         self._peers.join()
@@ -192,7 +187,6 @@ class Replicator:
     iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
-      keras_compat.install()  # Keras may have been imported since the constructor
       compiled = steps_lib.CompiledStep(
           step_fn, element_spec, devices=self._placement,
           first_replica_id=self._mesh.local_replica_ids[0],
@@ -200,7 +194,7 @@ class Replicator:
           jit_compile=self._jit_compile, workers=self._workers,
           new_variables=self._new_variables,
           uneven_batches=self._inputs.allows_uneven_batches(input_fn),
-          tracing=autograph_rules.while_tracing)
+          tracing=patches.while_tracing)
       self._steps[(step_fn, input_fn)] = compiled
       streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
       streams.warn_if_step_fn_new_each_call(step_fn, self._steps)

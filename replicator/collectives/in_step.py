@@ -1,7 +1,7 @@
 """Collectives as seen from inside a step: nests in, nests out, for this replica."""
 
-import itertools
 import numbers
+import threading
 from typing import List
 
 import tensorflow as tf
@@ -11,9 +11,33 @@ from replicator.collectives import reductions
 from replicator.collectives import replica_context
 from replicator.collectives import gathering
 from replicator.collectives import reduce_options
-from replicator.collectives import same_values
 
-_gradient_ids = itertools.count()
+# Every collective's IdentityN (`_with_gradient`) is differentiated by one
+# gradient, registered once for the process: it calls the function kept for
+# that op in its graph's `_GRADIENTS` attribute. (A name registered per
+# collective would grow TensorFlow's gradient registry with every trace, and
+# keep every traced graph alive through the functions' closures; kept on the
+# graph, they go with it.)
+_GRADIENT = "ReplicatorCollective"
+_GRADIENTS = "_replicator_collective_gradients"  # op name -> its gradient
+_gradients_lock = threading.Lock()
+
+
+def _collective_gradient(op, *upstream):
+  gradients = getattr(op.graph, _GRADIENTS, {})
+  if op.name not in gradients:
+    raise LookupError(
+        f"The gradient of replicator's collective op {op.name!r} was asked of a "
+        "graph that it was not traced in (a copy of the step's graph, which keeps "
+        "no Python functions): differentiate the step's collectives inside "
+        "step_fn (tf.GradientTape or tf.gradients).")
+  return gradients[op.name](*upstream)
+
+
+try:
+  tf.RegisterGradient(_GRADIENT)(_collective_gradient)
+except KeyError:  # already, by this module before a reload: it finds the same
+  pass
 
 
 def current_replica(method: str) -> replica_context.ReplicaContext:
@@ -120,10 +144,15 @@ def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
   def gradient(*upstream):  # IdentityN's gradients: outputs' (none), inputs'
     return [None] * len(outputs) + list(backward(*upstream[:len(outputs)]))
 
-  name = f"ReplicatorCollective{next(_gradient_ids)}"
-  tf.RegisterGradient(name)(lambda unused_op, *upstream: gradient(*upstream))
-  with tf.compat.v1.get_default_graph().gradient_override_map({"IdentityN": name}):
+  graph = tf.compat.v1.get_default_graph()
+  with graph.gradient_override_map({"IdentityN": _GRADIENT}):
     both = tf.identity_n(outputs + list(inputs))
+  with _gradients_lock:  # (a graph has no __dict__ to setdefault in)
+    gradients = getattr(graph, _GRADIENTS, None)
+    if gradients is None:
+      gradients = {}
+      setattr(graph, _GRADIENTS, gradients)
+  gradients[both[0].op.name] = gradient
   record.record_operation("replicator_collective", both, outputs + list(inputs),
                           gradient)
   return both[:len(outputs)]
@@ -131,8 +160,7 @@ def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
 
 def replica_id() -> tf.Tensor:
   replica = current_replica("replica_id")
-  # Named, so that `same_values` never takes it for a constant every worker shares.
-  return tf.constant(replica.replica_id, tf.int32, name=same_values.REPLICA_ID)
+  return tf.constant(replica.replica_id, tf.int32, name="replica_id")
 
 
 def all_reduce(value, op=reduce_options.ReduceOp.SUM,

@@ -24,9 +24,6 @@ Sonnet's code calls directly (`_initialize` of an `snt.Linear` subclass) runs as
 written too.
 """
 
-import contextlib
-import threading
-
 from tensorflow.python.autograph.core import config as autograph_config
 
 SONNET_AS_WRITTEN = tuple(f"sonnet.src.{name}" for name in (
@@ -37,36 +34,25 @@ SONNET_AS_WRITTEN = tuple(f"sonnet.src.{name}" for name in (
     "nets.resnet", "nets.vqvae"))
 
 _OURS = autograph_config.DoNotConvert("replicator")
-_WHILE_TRACING = tuple(autograph_config.DoNotConvert(m) for m in SONNET_AS_WRITTEN)
-_lock = threading.Lock()
-_tracing = 0  # traces under `while_tracing()` now, in any thread
-
-if not any(getattr(rule, "_prefix", None) == "replicator"  # once, if reloaded
-           for rule in autograph_config.CONVERSION_RULES):
-  autograph_config.CONVERSION_RULES = (
-      (_OURS,) + tuple(autograph_config.CONVERSION_RULES))
+_SONNET = tuple(autograph_config.DoNotConvert(m) for m in SONNET_AS_WRITTEN)
 
 
-@contextlib.contextmanager
-def while_tracing():
-  """Inside, Sonnet's `SONNET_AS_WRITTEN` modules are not converted.
+def with_ours(rules):
+  """AutoGraph's `rules`, with replicator's own code run as written (once)."""
+  if any(getattr(rule, "_prefix", None) == "replicator" for rule in rules):
+    return rules  # a reloaded module finds its rule there
+  return (_OURS,) + tuple(rules)
 
-  AutoGraph reads its rules from one global, so the rules hold for every
-  thread until the last trace under this scope (replicas trace on threads of
-  their own) ends.
+
+def with_sonnet_as_written(rules):
+  """AutoGraph's `rules`, with Sonnet's `SONNET_AS_WRITTEN` modules run as written.
+
+  AutoGraph reads its rules from one global, so they hold for every thread
+  until the last trace (replicas trace on threads of their own) ends.
   """
-  global _tracing
-  with _lock:
-    _tracing += 1
-    if _tracing == 1:
-      autograph_config.CONVERSION_RULES = (
-          _WHILE_TRACING + tuple(autograph_config.CONVERSION_RULES))
-  try:
-    yield
-  finally:
-    with _lock:
-      _tracing -= 1
-      if _tracing == 0:
-        autograph_config.CONVERSION_RULES = tuple(
-            rule for rule in autograph_config.CONVERSION_RULES
-            if rule not in _WHILE_TRACING)
+  return _SONNET + tuple(rules)
+
+
+def without_sonnet_rules(rules):
+  """`rules` less those `with_sonnet_as_written` added (others kept)."""
+  return tuple(rule for rule in rules if rule not in _SONNET)

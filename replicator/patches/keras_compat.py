@@ -1,9 +1,9 @@
 """Where Keras 3 (TensorFlow backend) needs help to be replica-correct.
 
-The fixes patch Keras' TensorFlow backend, and only if Keras is already
-imported (the library never imports it for you); `install` is idempotent and
-runs when a replicator is built and before a new step compiles. Each is guarded
-by a test that fails if the replicas go wrong again.
+The fixes patch Keras' TensorFlow backend, only while a step is traced and
+only if Keras is already imported then (the library never imports it for
+you): `patches.registry` lists them. Each is guarded by a test that fails if
+the replicas go wrong again.
 
 1. Seeds. Keras random ops (`Dropout`, `keras.random.*`, augmentation layers)
    are stateless ops seeded by a `SeedGenerator` (a replicated variable, the
@@ -21,48 +21,41 @@ by a test that fails if the replicas go wrong again.
    global batch, as under `MirroredStrategy`.
 """
 
-import sys
-
 import tensorflow as tf
 
-from replicator.collectives import replica_context
-from replicator.patches import randomness
-from replicator.collectives import reduce_options
 from replicator.collectives import in_step
+from replicator.collectives import reduce_options
+from replicator.collectives import replica_context
 from replicator.engine import variables
-
-_SEEDED_MODULES = ("keras.src.backend.tensorflow.random",
-                   "keras.src.backend.tensorflow.image")
-_VARIABLE_MODULE = "keras.src.backend.tensorflow.core"
-_NN_MODULE = "keras.src.backend.tensorflow.nn"
+from replicator.patches import randomness
 
 
-def _fold_replica_into_seed(draw_seed):
+def fold_replica_into_seed(draw_seed):
+  """Keras' `draw_seed`, offset by the replica inside a step (fix 1)."""
   def replica_draw_seed(seed):
     value = draw_seed(seed)
     replica = replica_context.current()
     if replica is None or not replica.replica_id:
       return value
     return value + tf.constant([randomness.fold(replica.replica_id), 0], value.dtype)
-  replica_draw_seed.replicator_original = draw_seed
   return replica_draw_seed
 
 
-def _delegate_to_replicated(method):
-  original = getattr(_variable_class(), method)
+def delegate_to_replicated(method: str):
+  """Makes Keras' `Variable.<method>` ours inside a step (fix 2)."""
+  def make(original):
+    def update(self, value):
+      inner = getattr(self, "_value", None)
+      if isinstance(inner, variables.ReplicatedVariable) and replica_context.current():
+        return getattr(inner, method)(tf.cast(value, inner.dtype))
+      return original(self, value)
+    update.__name__ = method
+    return update
+  return make
 
-  def update(self, value):
-    inner = getattr(self, "_value", None)
-    if isinstance(inner, variables.ReplicatedVariable) and replica_context.current():
-      return getattr(inner, method)(tf.cast(value, inner.dtype))
-    return original(self, value)
-  update.replicator_original = original
-  update.__name__ = method
-  return update
 
-
-def _sum_over_replicas(compute_moments_sync):
-  """Keras' synchronized moments, summed over this step's replicas."""
+def sum_over_replicas(compute_moments_sync):
+  """Keras' synchronized moments, summed over this step's replicas (fix 3)."""
   def moments_over_replicas(x, axes, keepdims):
     if replica_context.current() is None:
       return compute_moments_sync(x, axes, keepdims)
@@ -77,28 +70,4 @@ def _sum_over_replicas(compute_moments_sync):
     if not keepdims:
       mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     return mean, variance
-  moments_over_replicas.replicator_original = compute_moments_sync
   return moments_over_replicas
-
-
-def _variable_class():
-  return getattr(sys.modules.get(_VARIABLE_MODULE), "Variable", None)
-
-
-def install():
-  """Applies the fixes if Keras is imported (idempotent)."""
-  for name in _SEEDED_MODULES:
-    module = sys.modules.get(name)
-    draw_seed = getattr(module, "draw_seed", None)
-    if draw_seed is not None and not hasattr(draw_seed, "replicator_original"):
-      module.draw_seed = _fold_replica_into_seed(draw_seed)
-  variable_class = _variable_class()
-  if variable_class is not None:
-    for method in ("assign_add", "assign_sub"):
-      if not hasattr(getattr(variable_class, method), "replicator_original"):
-        setattr(variable_class, method, _delegate_to_replicated(method))
-  nn = sys.modules.get(_NN_MODULE)
-  compute_moments_sync = getattr(nn, "_compute_moments_sync", None)
-  if (compute_moments_sync is not None and
-      not hasattr(compute_moments_sync, "replicator_original")):
-    nn._compute_moments_sync = _sum_over_replicas(compute_moments_sync)  # pylint: disable=protected-access

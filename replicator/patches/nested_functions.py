@@ -15,66 +15,61 @@ would skip the replicas' aggregation). So, while a replica is being traced:
 A concrete function made outside the step holds the copies it was traced with
 and cannot be retraced (it keeps no Python function): calling it in a step
 that would give it another replica's copies is an error.
+
+Both replace a `__call__` of TensorFlow's, only while a step is traced
+(`patches.registry`).
 """
 
 from tensorflow.python.autograph.core import converter
 from tensorflow.python.autograph.impl import api as autograph_api
-from tensorflow.python.eager.polymorphic_function import concrete_function
-from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 from replicator.collectives import replica_context
 from replicator.engine import registry
 
-_Function = polymorphic_function.Function
-_original_call = _Function.__call__
-_ConcreteFunction = concrete_function.ConcreteFunction
-_original_concrete_call = _ConcreteFunction.__call__
+
+def calls_per_replica(original_call):
+  """`tf.function`'s `__call__`, which in a replica's trace calls as above."""
+  def call(function, *args, **kwargs):
+    replica = replica_context.current()
+    if replica is None or function._run_functions_eagerly:  # pylint: disable=protected-access
+      return original_call(function, *args, **kwargs)
+    # pylint: disable-next=protected-access
+    if function._jit_compile or function._attributes or function.input_signature:
+      copies = replica.group.function_copies
+      key = (id(function), replica.index)
+      if key not in copies:  # the function is kept alive with its copy
+        copies[key] = (function, function._clone(None))  # pylint: disable=protected-access
+      return original_call(copies[key][1], *args, **kwargs)
+    if not function._autograph:  # pylint: disable=protected-access
+      return function.python_function(*args, **kwargs)
+    # As tf.function itself traces with AutoGraph (user_requested: a method's
+    # weakly bound `self` is unwrapped as there).
+    return autograph_api.converted_call(
+        function.python_function, args, kwargs,
+        options=converter.ConversionOptions(recursive=True, user_requested=True))
+  return call
 
 
-def _call(function, *args, **kwargs):
-  replica = replica_context.current()
-  if replica is None or function._run_functions_eagerly:  # pylint: disable=protected-access
-    return _original_call(function, *args, **kwargs)
-  # pylint: disable-next=protected-access
-  if function._jit_compile or function._attributes or function.input_signature:
-    copies = replica.group.function_copies
-    key = (id(function), replica.index)
-    if key not in copies:  # the function is kept alive with its copy
-      copies[key] = (function, function._clone(None))  # pylint: disable=protected-access
-    return _original_call(copies[key][1], *args, **kwargs)
-  if not function._autograph:  # pylint: disable=protected-access
-    return function.python_function(*args, **kwargs)
-  # As tf.function itself traces with AutoGraph (user_requested: a method's
-  # weakly bound `self` is unwrapped as there).
-  return autograph_api.converted_call(
-      function.python_function, args, kwargs,
-      options=converter.ConversionOptions(recursive=True, user_requested=True))
-
-
-def _call_concrete(function, *args, **kwargs):
-  """Refuses a concrete function that holds another replica's copies.
+def concrete_calls_checked(original_call):
+  """A concrete function's `__call__`, which refuses another replica's copies.
 
   One made outside the step (`f.get_concrete_function()`) has captured the
   copies it was traced with (the first replica's, or every copy for an
   update), so it cannot follow the replica that calls it.
   """
-  replica = replica_context.current()
-  if replica is not None:
-    for variable in function.variables:
-      index = registry.copy_index(variable)
-      if index is not None and index != replica.index:
-        name = function.name
-        name = name.decode() if isinstance(name, bytes) else name
-        raise ValueError(
-            f"step_fn called the concrete function {name!r}, which was "
-            f"traced with replica {index}'s copy of variable {variable.name!r}, "
-            f"on replica {replica.index}: a concrete function made outside the "
-            "step (get_concrete_function) keeps the copies it was traced with. "
-            "Call the tf.function itself inside step_fn.")
-  return _original_concrete_call(function, *args, **kwargs)
-
-
-def install():
-  """Routes calls of `tf.function`s and concrete functions here (idempotent)."""
-  _Function.__call__ = _call
-  _ConcreteFunction.__call__ = _call_concrete
+  def call(function, *args, **kwargs):
+    replica = replica_context.current()
+    if replica is not None:
+      for variable in function.variables:
+        index = registry.copy_index(variable)
+        if index is not None and index != replica.index:
+          name = function.name
+          name = name.decode() if isinstance(name, bytes) else name
+          raise ValueError(
+              f"step_fn called the concrete function {name!r}, which was "
+              f"traced with replica {index}'s copy of variable {variable.name!r}, "
+              f"on replica {replica.index}: a concrete function made outside the "
+              "step (get_concrete_function) keeps the copies it was traced with. "
+              "Call the tf.function itself inside step_fn.")
+    return original_call(function, *args, **kwargs)
+  return call

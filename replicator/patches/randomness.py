@@ -1,9 +1,10 @@
 """Every replica draws its own random numbers.
 
-Stateful `tf.random` ops take their seed from `random_seed.get_seed`; inside a
+Stateful `tf.random` ops take their seed from TensorFlow's `get_seed`; inside a
 step we fold the replica id into the op seed, so replicas tracing the same code
 with the same seeds still draw different, reproducible streams. Keras' random
-ops get the same treatment in `keras_compat`.
+ops get the same treatment in `keras_compat`. `patches.registry` lists what
+these replace, installed only while a step is traced.
 """
 
 import logging
@@ -11,16 +12,12 @@ from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import random_seed
-from tensorflow.python.ops import gen_stateless_random_ops_v2
-from tensorflow.python.ops import stateful_random_ops
 
 from replicator.collectives import replica_context
 from replicator.engine import registry
 from replicator.engine import variables
 
 _GOLDEN = 0x9E3779B1
-_original_get_seed = random_seed.get_seed
 
 
 def fold(replica_id: int) -> int:
@@ -28,40 +25,36 @@ def fold(replica_id: int) -> int:
   return (_GOLDEN * replica_id) % (2**31 - 1)
 
 
-def _get_seed(op_seed):
-  graph_seed, op_seed = _original_get_seed(op_seed)
-  replica = replica_context.current()
-  if replica is not None and op_seed is not None and replica.replica_id:
-    op_seed = (op_seed + fold(replica.replica_id)) % (2**31 - 1)
-  return graph_seed, op_seed
+def seed_per_replica(get_seed):
+  """TensorFlow's `get_seed`, with the replica folded into a step's op seeds."""
+  def get_seed_per_replica(op_seed):
+    graph_seed, op_seed = get_seed(op_seed)
+    replica = replica_context.current()
+    if replica is not None and op_seed is not None and replica.replica_id:
+      op_seed = (op_seed + fold(replica.replica_id)) % (2**31 - 1)
+    return graph_seed, op_seed
+  return get_seed_per_replica
 
 
-_original_preprocess_key = stateful_random_ops.Generator._preprocess_key  # pylint: disable=protected-access
+def key_per_replica(preprocess_key):
+  """`tf.random.Generator._preprocess_key`, a key per replica in a step.
 
-
-def _preprocess_key(generator, key):
-  """A `tf.random.Generator` made in a replicator context: a key per replica.
-
-  Its state is a replicated variable, identical on every replica and advanced
-  alike by each draw; as `tf.distribute` does for a generator made in a
-  strategy's scope, each replica hashes its id into the key, so replicas
-  draw different numbers (replica 0 those of a plain generator).
+  A generator made in a replicator context has a replicated variable for its
+  state, identical on every replica and advanced alike by each draw; as
+  `tf.distribute` does for a generator made in a strategy's scope, each
+  replica hashes its id into the key, so replicas draw different numbers
+  (replica 0 those of a plain generator).
   """
-  key = _original_preprocess_key(generator, key)
-  replica = replica_context.current()
-  if (replica is None or not replica.replica_id or
-      not isinstance(generator.state, variables.ReplicatedVariable)):
-    return key
-  counter = tf.constant([replica.replica_id, 0], tf.uint64)
-  return gen_stateless_random_ops_v2.stateless_random_uniform_full_int_v2(
-      shape=[1], key=key, counter=counter, dtype=tf.uint64, alg=generator.algorithm)
-
-
-def install():
-  """Routes `tf.random` seeding through `_get_seed`, and per-replica keys of
-  generators made in a context through `_preprocess_key` (idempotent)."""
-  random_seed.get_seed = _get_seed
-  stateful_random_ops.Generator._preprocess_key = _preprocess_key  # pylint: disable=protected-access
+  def preprocess_key_per_replica(generator, key):
+    key = preprocess_key(generator, key)
+    replica = replica_context.current()
+    if (replica is None or not replica.replica_id or
+        not isinstance(generator.state, variables.ReplicatedVariable)):
+      return key
+    counter = tf.constant([replica.replica_id, 0], tf.uint64)
+    return tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=[1], key=key, counter=counter, dtype=tf.uint64, alg=generator.algorithm)
+  return preprocess_key_per_replica
 
 
 class ReplicaGenerator(tf.__internal__.tracking.Trackable):
