@@ -1,6 +1,5 @@
 """Sonnet modules that need the whole global batch."""
 
-import contextlib
 
 import sonnet as snt
 import tensorflow as tf
@@ -53,20 +52,12 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     if is_training:
       if self._unbiased_moving_variance:
         variance = variance * tf.cast(count / tf.maximum(count - 1, 1), variance.dtype)
-      # The statistics are the global batch's, the same bits on every replica
-      # (every replica gets the one sum a collective makes), so each replica
-      # updates its own copy of the averages, as Horovod's and PyTorch's
-      # synchronized batch norms do: averaging them over replicas again would
-      # cost 6 collectives per layer and change nothing. Not on workers that
-      # are not alike (`peers.kernel_fingerprint`): each combines the gathered
-      # statistics itself, and another CPU may round that by a bit, so the
-      # copies would drift. There the averages are merged, at the end of the
-      # step with every other such write (one all-reduce for the model).
-      workers = replica.group.workers if replica is not None else None
-      alike = workers is None or workers.num_workers == 1 or workers.alike
-      with replica_context.writing_locally() if alike else contextlib.nullcontext():
-        self.moving_mean.update(mean)
-        self.moving_variance.update(variance)
+      # Merged like any write of a step: where merges are collectives, at the
+      # step's end with every other (one all-reduce for the model). Each
+      # replica combines the gathered statistics itself, and another worker's
+      # CPU may round that by a bit, so the copies are never assumed equal.
+      self.moving_mean.update(mean)
+      self.moving_variance.update(variance)
     return out
 
   @snt.once

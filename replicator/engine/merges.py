@@ -4,6 +4,10 @@ from typing import Callable
 
 import tensorflow as tf
 
+from replicator.collectives import reduce_options
+from replicator.collectives import reductions
+from replicator.collectives import replica_context
+
 
 class MergeAtWrite(Exception):
   """The step read variables whose merge it deferred: trace it again, merging them
@@ -21,7 +25,7 @@ class DeferredMerges:
   float variable averaged over replicas (`snt.BatchNorm`'s moving
   averages, spectral norm's `u`) is written on each replica's copy alone,
   and the copies are averaged once, all in one packed all-reduce, after
-  step_fn returns (`variables.merge_deferred`): between workers, 106 round
+  step_fn returns (`merge_deferred`): between workers, 106 round
   trips a ResNet-50 step become one. That is the merge at the write only
   while nothing reads the copy in between but what is itself written to a
   deferred variable (Sonnet's debiased average, computed from the hidden
@@ -101,3 +105,63 @@ class DeferredMerges:
 
 
 _WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+class Deferred:
+  """A replica's value whose merge waits for the step's end."""
+
+  def __init__(self, value):
+    self.value = value
+
+
+def written_here(replica, copy, write):
+  """`write()`, which writes `copy` as this module merges it: its ops in the
+  step's graph are recorded (`ReplicaGroup.library_writes`), so that
+  `step_checks.check_writes` can refuse a write that bypassed the merge."""
+  graph = tf.compat.v1.get_default_graph()
+  if graph is not replica.group.step_graph:
+    return write()  # inside a tf.cond or loop: not checked
+  handle = graph.capture(copy.handle)
+  before = set(handle.consumers())
+  result = write()
+  replica.group.library_writes.update(
+      op for op in handle.consumers() if op not in before)
+  return result
+
+
+def merge_deferred(deferred: DeferredMerges):
+  """At the end of this replica's step: every deferred variable's copies
+  merged and written back, in one rendezvous: the means in one packed
+  all-reduce, the first replica's values (integers, ONLY_FIRST_REPLICA) in
+  another, a sum in which every other replica gives zeros."""
+  replica = replica_context.current()
+  group = replica.group
+  variables = list(deferred.variables.values())
+  copies = [variable._copy_to_write(replica)  # pylint: disable=protected-access
+            for variable in variables]
+  values = [copy.value() for copy in copies]
+  means = [i for i, v in enumerate(variables) if v._reduce_op is not None]  # pylint: disable=protected-access
+  firsts = [i for i, v in enumerate(variables) if v._reduce_op is None]  # pylint: disable=protected-access
+  first_replica = group.first_replica_id == 0 and replica.index == 0
+  given = [value if i in means or first_replica else tf.zeros_like(value)
+           for i, value in enumerate(values)]
+
+  def merge(per_replica):
+    merged = [[None] * len(values) for _ in per_replica]
+    for indices, op in ((means, reduce_options.ReduceOp.MEAN),
+                        (firsts, reduce_options.ReduceOp.SUM)):
+      if not indices:
+        continue
+      reduced = reductions.all_reduce(
+          [[own[i] for i in indices] for own in per_replica], op, group.devices,
+          num_replicas=group.num_replicas, workers=group.workers)
+      for own, results in zip(merged, reduced):
+        for i, result in zip(indices, results):
+          own[i] = result
+    return merged
+
+  merged = replica.collective("the merge of the variables written in the step",
+                              given, merge)
+  writes = [written_here(replica, copy, lambda copy=copy, value=value: copy.assign(
+      value, read_value=False)) for copy, value in zip(copies, merged)]
+  deferred.own([value.op for value in values] + writes)

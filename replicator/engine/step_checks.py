@@ -127,19 +127,16 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
   `ProgramsDiffer`, with their keys aligned again for the steps that follow.
   So do the `new_variables` (made in the first run, or in `repl.context()`
   since the last run): their number and a digest of their dtypes and shapes.
-  And so do the constants from which the step leaves a variable's update
-  unmerged, computing it alike on every worker (`CollectiveKeys.assume_same`).
   """
   signatures = workers.signatures(issued_before)
   digest = peers.digest(f"{kind} {dtype} {None if dims is None else len(dims)}"
                    for kind, dtype, dims in filter(None, signatures))
   made = peers.variable_kinds(new_variables)
-  assumed = workers.take_assumptions()
   min_and_max = lambda values: between_workers.checked_min_and_max(values, workers, device)
   low, high = min_and_max([len(signatures), digest, workers.shape_slots,
-                           len(made), peers.digest(made), peers.digest(assumed)])
-  (fewest, low_digest, _, fewest_made, low_made, low_assumed) = low
-  (most, high_digest, most_slots, most_made, high_made, high_assumed) = high
+                           len(made), peers.digest(made)])
+  (fewest, low_digest, _, fewest_made, low_made) = low
+  (most, high_digest, most_slots, most_made, high_made) = high
   # Where this raises, the counters move on to the furthest worker's.
   workers.shape_slots = most_slots
   if fewest != most:
@@ -152,17 +149,6 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
         f"and the workers from {fewest_made} to {most_made} or other ones, so the "
         "chief's initial values cannot be given to every worker; each keeps its "
         f"own, and the step does not run. {_SAME_PROGRAM}", variables_differ=True)
-  if low_assumed != high_assumed and fewest == most:
-    raise ProgramsDiffer(
-        f"step_fn: {errors.name_of(step_fn)} computes an update of a variable "
-        "from constants that differ between workers (or makes such updates on "
-        "some workers only), where every other input is the same on all of "
-        "them; the update is not merged between workers (each computes it "
-        "alike), so the copies would drift apart. This worker, "
-        f"{workers.worker_index}, made {len(assumed)}: {'; '.join(assumed[:4])}"
-        f"{'; ...' if len(assumed) > 4 else ''}. Pass a per-worker value as a "
-        "tensor (run's args, the input) rather than a Python number. "
-        f"{_SAME_PROGRAM}")
   if fewest != most:
     raise ProgramsDiffer(
         f"step_fn: {errors.name_of(step_fn)} traced "

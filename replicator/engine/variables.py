@@ -25,7 +25,6 @@ from replicator.collectives import reductions
 from replicator.collectives import replica_context
 from replicator.collectives import gathering
 from replicator.collectives import reduce_options
-from replicator.collectives import same_values
 from replicator.engine import registry
 
 _Aggregation = tf.VariableAggregation
@@ -187,27 +186,29 @@ class ReplicatedVariable(tf.Variable):
       if method == "assign" and self._sums_changes:
         old = copy.read_value()
         total = old + self._aggregate(replica, value - old)
-        return _written_here(replica, copy, lambda: copy.assign(total, **kwargs))
+        return merges.written_here(replica, copy, lambda: copy.assign(total, **kwargs))
       defers = self._defers(replica)
       value = self._aggregate(replica, value, defer=defers)
-      if isinstance(value, _Deferred):  # written here, merged at the step's end
+      if isinstance(value, merges.Deferred):  # written here, merged at the step's end
         replica.group.deferred.add(
-            self, tf.compat.v1.get_default_graph().capture(copy.handle), merge_deferred)
+            self, tf.compat.v1.get_default_graph().capture(copy.handle), merges.merge_deferred)
         value = value.value
-    return _written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
+    return merges.written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
 
   def _defers(self, replica) -> bool:
-    """Whether this write's merge may wait for the step's end (`merges.DeferredMerges`).
+    """Whether this write's merge waits for the step's end (`merges.DeferredMerges`).
 
-    A mean's may: the mean of what each replica's writes leave. Where merges
-    are collectives, so that one for all the step's writes saves launches or
-    round trips; not where they are sums in the graph (replicas on the CPUs
-    of one worker), where packing them would only add ops for Grappler (a
-    Sonnet ResNet-50's first step on 2 logical CPUs took 0.7 s longer). Not
-    inside a `tf.cond` or loop of step_fn, where the end could not follow.
+    A mean's and a first replica's value's may: the merge of what each
+    replica's writes leave. Where merges are collectives, so that one for all
+    the step's writes saves launches or round trips; not where they are sums
+    in the graph (replicas on the CPUs of one worker), where packing them
+    would only add ops for Grappler to the step. Not inside a `tf.cond` or
+    loop of step_fn, where the end could not follow, nor for booleans, which
+    no all-reduce takes.
     """
     group = replica.group
-    return (self._reduce_op is reduce_options.ReduceOp.MEAN and not self._merge_at_write
+    return (self._reduce_op in (reduce_options.ReduceOp.MEAN, None)
+            and not self._merge_at_write and self.dtype != tf.bool
             and reductions.merged_by_collectives(group.devices, group.workers)
             and tf.compat.v1.get_default_graph() is group.step_graph)
 
@@ -215,7 +216,7 @@ class ReplicatedVariable(tf.Variable):
     group = replica.group
     op = self._reduce_op
     if defer:
-      merge = lambda values: [[_Deferred(v) for v in own] for own in values]
+      merge = lambda values: [[merges.Deferred(v) for v in own] for own in values]
     elif op is None:
       merge = lambda values: reductions.broadcast(
           values, 0, group.devices, group.num_replicas, group.first_replica_id,
@@ -224,10 +225,6 @@ class ReplicatedVariable(tf.Variable):
       merge = lambda values: reductions.all_reduce(
           values, op, group.devices, num_replicas=group.num_replicas,
           workers=group.workers)
-    if op is not reduce_options.ReduceOp.SUM:
-      # a mean, or the first replica's value, of one value is that value
-      merge = _unless_the_same(merge, self.name, group.workers,
-                               group.deferred.read_after_write)
     return replica.collective(f"an update of variable {self.name}", [value],
                               merge)[0]
 
@@ -241,7 +238,7 @@ class ReplicatedVariable(tf.Variable):
     copy = self._copy_to_write(replica)
     if not replica_context.local_writes() and replica.group.num_replicas > 1:
       value = aggregate(replica, value)
-    return _written_here(replica, copy, lambda: write(copy, value))
+    return merges.written_here(replica, copy, lambda: write(copy, value))
 
   def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
                             end_mask, ellipsis_mask, new_axis_mask,
@@ -367,71 +364,6 @@ class ReplicatedVariable(tf.Variable):
     """A SavedModel holds it as one plain variable (the first copy's value)."""
     resource_variable_ops.write_object_proto_for_resource_variable(
         self, proto, options)
-
-
-def _unless_the_same(merge, name: str, workers, read_after_write):
-  """`merge`, but where every replica's value is the same bits (see
-  `same_values`), each replica keeps its own.
-
-  On several workers (`workers`, their `CollectiveKeys`) the workers compare
-  the constants that makes it so before the step first runs.
-  """
-  def merge_unless_the_same(values):
-    firsts = [replica[0] for replica in values]
-    if not same_values.same_on_every_replica(firsts, registry.copy_of_handle,
-                                             read_after_write):
-      return merge(values)
-    if workers is None:
-      return values
-    constants = same_values.same_on_every_worker(
-        firsts[0], registry.copy_of_handle, alike=workers.alike,
-        read_after_write=read_after_write)
-    if constants is None:
-      return merge(values)
-    workers.assume_same(f"an update of variable {name} from constants "
-                        f"{', '.join(constants) or '(none)'}")
-    return values
-  return merge_unless_the_same
-
-
-def _written_here(replica, copy, write):
-  """`write()`, which writes `copy` as this module merges it: its ops in the
-  step's graph are recorded (`ReplicaGroup.library_writes`), so that
-  `step_errors.check_writes` can refuse a write that bypassed the merge."""
-  graph = tf.compat.v1.get_default_graph()
-  if graph is not replica.group.step_graph:
-    return write()  # inside a tf.cond or loop: not checked
-  handle = graph.capture(copy.handle)
-  before = set(handle.consumers())
-  result = write()
-  replica.group.library_writes.update(
-      op for op in handle.consumers() if op not in before)
-  return result
-
-
-class _Deferred:
-  """A replica's value whose merge waits for the step's end."""
-
-  def __init__(self, value):
-    self.value = value
-
-
-def merge_deferred(deferred: merges.DeferredMerges):
-  """At the end of this replica's step: every deferred variable's copies
-  averaged, in one packed all-reduce, and written back."""
-  replica = replica_context.current()
-  group = replica.group
-  copies = [variable._copy_to_write(replica)  # pylint: disable=protected-access
-            for variable in deferred.variables.values()]
-  values = [copy.value() for copy in copies]
-  merged = replica.collective(
-      "the merge of the variables written in the step", values,
-      lambda values: reductions.all_reduce(
-          values, reduce_options.ReduceOp.MEAN, group.devices,
-          num_replicas=group.num_replicas, workers=group.workers))
-  writes = [_written_here(replica, copy, lambda copy=copy, value=value: copy.assign(
-      value, read_value=False)) for copy, value in zip(copies, merged)]
-  deferred.own([value.op for value in values] + writes)
 
 
 tensor_conversion_registry.register_tensor_conversion_function(

@@ -146,14 +146,10 @@ class CollectiveKeys:
     self.group_key = next_group_key() if group_key is None else group_key
     self.issued = 0  # keys given out by `next`
     self.shape_slots = 0  # slots given out by `key_for_size_class`
-    # Every worker runs the same TensorFlow on the same hardware (known once
-    # they joined: `peers.kernel_fingerprint`).
-    self.alike = False
     # This host runs more of the job's workers than it has cores
     # (`host_is_crowded`): buckets go one at a time by default.
     self.crowded = False
     self._signatures = {}  # key -> what its collective carries
-    self._assumed = []  # what traced steps count on every worker sharing
     self._checks = itertools.count(self._CHECK_KEYS)
     self._lock = threading.Lock()
 
@@ -186,18 +182,6 @@ class CollectiveKeys:
   def signatures(self, after: int) -> list:
     """The signatures of the keys issued after key `after`, in order."""
     return [self._signatures.get(key) for key in range(after + 1, self.issued + 1)]
-
-  def assume_same(self, what: str):
-    """Notes that a step traced now counts on `what` being the same on every
-    worker (constants from which it left a variable's update unmerged)."""
-    with self._lock:
-      self._assumed.append(what)
-
-  def take_assumptions(self) -> list:
-    """What the steps traced since the last call assume (`assume_same`)."""
-    with self._lock:
-      taken, self._assumed = self._assumed, []
-    return taken
 
   def next_check(self) -> int:
     with self._lock:

@@ -6,9 +6,6 @@ merge the counters of `Checkpointer` (its barrier, its agreement on a step).
 """
 
 import hashlib
-import os
-import platform
-import re
 
 import numpy as np
 import tensorflow as tf
@@ -73,16 +70,6 @@ class Peers:
           "different numbers of replicators before this one, or made them in "
           "another order. Make the same replicators on every worker, in the same "
           "order (an evaluation replicator on the chief alone waits forever).") from error
-    # Alike: the same TensorFlow on the same hardware computes the same bits
-    # in an elementwise kernel, so a float update every worker computes alike
-    # need not be merged between them (`same_values.same_on_every_worker`).
-    try:
-      low, high = between_workers.checked_min_and_max(
-          [digest([kernel_fingerprint()])], self._keys, self._device)
-    except tf.errors.OpError as error:
-      self.raise_if_lost(error, 0)
-      raise
-    self._keys.alike = low == high
 
   def merge(self, values, merge_op: str, steps_completed: int,
             timeout_s=None) -> np.ndarray:
@@ -195,43 +182,6 @@ class Peers:
 
 
 # Set per worker by design, or for logging alone: no kernel computes otherwise.
-_PER_WORKER_ENV = frozenset({"TF_CONFIG", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL",
-                             "TF_CPP_VMODULE", "TF_CPP_MIN_VLOG_LEVEL", "TF_DUMP_GRAPH_PREFIX"})
-
-
-def kernel_fingerprint() -> str:
-  """What decides the bits an elementwise kernel computes in this process.
-
-  The TensorFlow build, the CPU (its model and instruction sets: Eigen and
-  oneDNN pick code paths by them), each physical device (a GPU's name and
-  compute capability), TensorFlow's environment variables (oneDNN on or off,
-  XLA flags) and optimizer options. Not the thread counts: an elementwise op
-  computes each element alone, however its work is split.
-  """
-  parts = [tf.version.VERSION, tf.version.GIT_VERSION, platform.machine()]
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-      info = cpuinfo.read()
-    for key in ("vendor_id", "cpu family", "model", "model name", "flags"):
-      found = re.search(rf"^{key}\s*:\s*(.*)$", info, re.M)
-      parts.append(" ".join(sorted(found.group(1).split())) if found else "")
-  except OSError:
-    parts.append(platform.processor())
-  for device in tf.config.list_physical_devices():
-    try:
-      details = ({} if device.device_type == "CPU"
-                 else tf.config.experimental.get_device_details(device))
-    except (ValueError, tf.errors.OpError):  # a kind that keeps no details
-      details = {}
-    parts.append(f"{device.device_type} {sorted(details.items())}")
-  parts += [f"{key}={value}" for key, value in sorted(os.environ.items())
-            if key.startswith(("TF_", "XLA_", "ONEDNN", "DNNL", "MKL"))
-            and key not in _PER_WORKER_ENV]
-  parts += [str(sorted(tf.config.optimizer.get_experimental_options().items())),
-            str(tf.config.optimizer.get_jit())]
-  return "\n".join(parts)
-
-
 def variable_kinds(variables) -> list:
   """Each variable's dtype and shape, as workers compare them ("float32(2,)")."""
   return [f"{v.dtype.name}{v.shape}" for v in variables]

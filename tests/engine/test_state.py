@@ -8,8 +8,6 @@ import tensorflow as tf
 import catalogue
 import replicator
 from replicator.collectives import reductions
-from replicator.multiworker import peers
-from replicator.collectives import same_values
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)
@@ -67,17 +65,24 @@ def test_float_assignments_average_and_integers_advance_once(name):
   repl.assert_replicas_in_sync([stat, counter, total])
 
 
+@pytest.mark.parametrize("collective", [True, False], ids=["collectives", "in-graph sums"])
 @pytest.mark.parametrize("name", catalogue.MULTI)
-def test_updates_every_replica_computes_alike_are_not_aggregated(name, monkeypatch):
-  # snt.BatchNorm's step counter and debiased average are such: each replica
-  # keeps its own value, which is every replica's; what differs is still averaged.
+def test_every_aggregated_write_is_merged(name, collective, monkeypatch):
+  # snt.BatchNorm's step counter and debiased average are updates every
+  # replica computes alike: they are merged all the same (no write is assumed
+  # equal on every replica). Where merges are collectives every one of them
+  # waits for the end of the step: the means in one packed all-reduce, the
+  # integer in another (a sum in which every replica but the first gives
+  # zeros); in the graph each merges at its write (the integer by broadcast).
+  if collective:
+    _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
   merges = []
   for kind in ("all_reduce", "broadcast"):
     real = getattr(reductions, kind)
     monkeypatch.setattr(reductions, kind, lambda *a, real=real, kind=kind, **k: (
-        merges.append(kind), real(*a, **k))[1])
+        merges.append((kind, len(a[0][0]))), real(*a, **k))[1])
   with repl.context():
     counter = tf.Variable(0, dtype=tf.int64)
     scaled = tf.Variable(1.0)
@@ -94,8 +99,12 @@ def test_updates_every_replica_computes_alike_are_not_aggregated(name, monkeypat
     from_sum.assign(repl.all_sum(tf.cast(repl.replica_id, tf.float32)))
 
   repl.run(step_fn, steps=3)
-  # one for the all_sum, one for per_replica's mean; none for the others
-  assert sorted(merges) == ["all_reduce", "all_reduce"]
+  if collective:  # the all_sum; at the end, the four means, then the counter
+    assert merges == [("all_reduce", 1), ("all_reduce", 4), ("all_reduce", 1)]
+  else:  # each at its write, in step_fn's order
+    assert merges == [("broadcast", 1), ("all_reduce", 1), ("all_reduce", 1),
+                      ("all_reduce", 1), ("all_reduce", 1), ("all_reduce", 1)]
+  # (deferred, `scaled` reads the counter its own replica wrote: the same)
   assert int(counter) == 3 and float(scaled) == 19.0  # 1 -> 3 -> 8 -> 19
   np.testing.assert_allclose(debiased.numpy(), np.array([0.5, 0.25]) / (1 - 0.9 ** 3),
                              rtol=1e-6)
@@ -118,7 +127,7 @@ def test_float_writes_merge_once_at_the_end_of_the_step(name, collective, monkey
   # the debiased one. Where merges are collectives both wait for the step's
   # end and are averaged there together, in one all-reduce (between workers:
   # one round trip, not two a statistic); where they are sums in the graph,
-  # each merges at its write and the debiased one is computed alike.
+  # each merges at its write.
   if collective:
     _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
@@ -139,8 +148,8 @@ def test_float_writes_merge_once_at_the_end_of_the_step(name, collective, monkey
     other.assign(r * r)
 
   repl.run(step_fn, steps=2)
-  # one all-reduce of the three variables, once in the trace; or hidden's, other's
-  assert calls == ([3] if collective else [1, 1])
+  # one all-reduce of the three variables, once in the trace; or one at each write
+  assert calls == ([3] if collective else [1, 1, 1])
   h, d = np.array([1.0, 2.0]), None
   for _ in range(2):  # the mean of what each replica's writes leave
     finals = [h - (h - r) * 0.5 for r in range(n)]
@@ -223,55 +232,6 @@ def test_a_variable_made_in_the_first_step_and_read_after_its_write_is_made_once
   assert len(stat.variables) == 1
   np.testing.assert_allclose(stat.value.numpy(), [0.5, 0.5])
   repl.assert_replicas_in_sync(stat.variables)
-
-
-def test_only_exact_integer_updates_from_variables_and_constants_match_across_workers():
-  # What a worker may leave unmerged: the constants it returns are compared
-  # between workers (test_multiworker's COUNTING and PER_WORKER lines).
-  counter, weight = tf.Variable(3, dtype=tf.int64), tf.Variable(1.0)
-  small, large = tf.constant(5, tf.int64), tf.range(1000, dtype=tf.int64)  # this process's
-  copies = {id(counter.handle): (0, 0), id(weight.handle): (1, 0)}
-  found = {}
-
-  @tf.function
-  def trace(argument):
-    read = counter.read_value()
-    walk = lambda value: same_values.same_on_every_worker(value, lambda h: copies.get(id(h)))
-    found["increment"] = walk(tf.constant(1, tf.int64))
-    found["from_copies"] = walk(tf.maximum(read * 2 + 7, read))
-    found["large"] = walk(read + tf.constant(np.arange(20)))
-    found["float"] = walk(tf.cast(weight.read_value() * 2.0, tf.int64))
-    alike = lambda value: same_values.same_on_every_worker(
-        value, lambda h: copies.get(id(h)), alike=True)  # same TensorFlow and hardware
-    found["float_alike"] = alike(tf.pow(weight.read_value() * 2.0, tf.cast(read, tf.float32)))
-    found["sum_alike"] = alike(tf.reduce_sum(weight.read_value() * tf.ones([3])))
-    found["shape"] = walk(tf.shape(argument, out_type=tf.int64)[0] + read)
-    found["argument"] = walk(argument[0] + read)
-    found["small"] = walk(small + read)  # traced as a constant: compared too
-    found["captured"] = walk(large + read)
-    with tf.name_scope("layer"):  # repl.replica_id's constant: one per replica
-      replica_id = tf.constant(1, tf.int32, name=same_values.REPLICA_ID)
-    found["replica_id"] = walk(tf.cast(replica_id, tf.int64) + read)
-
-  trace(tf.constant([1, 2], tf.int64))
-  assert found["increment"] == ["int64 1"]
-  assert sorted(found["from_copies"]) == ["int64 2", "int64 7"]
-  [large] = found["large"]
-  assert large.startswith("int64[20] sha256 ")
-  assert found["small"] == ["int64 5"]
-  assert found["float"] is found["shape"] is found["argument"] is found["captured"] is None
-  assert found["replica_id"] is None
-  assert found["float_alike"] == ["float32 2.0"]
-  assert found["sum_alike"] is None  # a reduction may sum in another order
-
-
-def test_kernel_fingerprint_changes_with_what_decides_a_kernels_bits(monkeypatch):
-  base = peers.kernel_fingerprint()
-  monkeypatch.setenv("TF_CONFIG", '{"task": {"index": 3}}')  # per worker by design
-  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-  assert peers.kernel_fingerprint() == base
-  monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "2")  # oneDNN's kernels or Eigen's
-  assert peers.kernel_fingerprint() != base
 
 
 @pytest.mark.parametrize("name", catalogue.MULTI)

@@ -295,7 +295,7 @@ def main():
     from_worker.assign(counter * 0 + tf.cast(
         repl.all_sum(tf.cast(repl.replica_id, tf.float32)) - float(worker), tf.int64))
     from_replica.assign(tf.cast(repl.replica_id, tf.int64) + 5)  # the chief's
-    # floats too, from every worker's copies, where the workers are alike
+    # floats computed alike from every worker's copies: merged all the same
     debiased.assign(hidden / (1.0 - tf.pow(0.9, tf.cast(counter, tf.float32))))
     mean.assign(tf.cast(counter, tf.float32) * 0.0 + tf.cast(repl.replica_id, tf.float32))
     return repl.all_sum(v.read_value())
@@ -303,7 +303,7 @@ def main():
   repl.run(counting_fn, steps=3)
   print(f"COUNTING {sorted(merges)} {counter.numpy()} {doubled.numpy()} "
         f"{from_worker.numpy()} {from_replica.numpy()} {mean.numpy()}", flush=True)
-  print(f"ALIKE {repl._workers.alike} {debiased.numpy().tobytes().hex()} "  # pylint: disable=protected-access
+  print(f"ALIKE {debiased.numpy().tobytes().hex()} "
         f"{debiased.numpy().tolist()}", flush=True)
 
   def reread_fn():  # read after its write, into the output: merged at the write
@@ -312,7 +312,7 @@ def main():
 
   print(f"REREAD {repl.run(reread_fn).numpy().tolist()} {mean.numpy()}", flush=True)
 
-  def per_worker_fn():  # a Python number that differs: not the same on both
+  def per_worker_fn():  # a Python number that differs: the chief's wins
     counter.assign_add(1 + worker)
     return repl.all_sum(v.read_value())
 
