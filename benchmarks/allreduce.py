@@ -38,10 +38,10 @@ VARIANTS = ("ours fp32, 16MB buckets, 2 in flight", "ours bf16, 16MB buckets, 2 
             "transfer alone: one fp32 tensor", "transfer alone: one bf16 tensor")
 # Ours is named "ours DTYPE, NMB buckets[, K in flight]" (pack_bytes N MiB,
 # buckets_in_flight K; any N and K are taken): the first two above are the
-# library's default `AllReduceOptions` (report.py marks them, and a test keeps
+# library's default `AllReduceOptions` (sections.py marks them, and a test keeps
 # them so). "ours bf16, float32 sum" runs the default bucket options.
 # Older names, kept so that earlier commands still run: "ours fp32 packed" and
-# "ours bf16" are one 32 MB bucket at a time, the default until 2026-11-26.
+# "ours bf16" are one 32 MB bucket at a time, the library's earlier default.
 MORE_VARIANTS = ("ours fp32 packed", "ours bf16", "ours fp32, 8MB buckets, 4 in flight",
                  "ours bf16, 8MB buckets, 4 in flight", "ours bf16, 32MB buckets, 1 in flight")
 TUNED = re.compile(r"ours (fp32|bf16), (\d+)MB buckets(?:, (\d+) in flight)?$")

@@ -1,6 +1,6 @@
 """ResNet-50 training images/s: examples/resnet under GpuReplicator vs plain Keras.
 
-Item 6 of the performance issue, for the device machine's H100 (GPU build of
+Item 6 of benchmarks/targets.json, for the device machine's GPU (GPU build of
 TensorFlow, see ../shared/device/README.md):
 
   python -m benchmarks.resnet50 [--batch 128] [--rounds 3] [--json out.json]

@@ -9,8 +9,9 @@ replicator joins it, and the two train models of their own with their calls
 (worker 0's median call; examples of every worker) and the efficiency
 `examples/s(W) / examples/s(1)` against our own 1-worker figure: each of W
 workers has 1/W of the cores, so its fair share is 1/W of what one worker with
-every core trains, and the issue's target (95% at 8 workers) reads "total
-examples/s divided by the 1-worker (16-thread) figure".
+every core trains, and the scaling target (an efficiency at 8 workers, in
+benchmarks/targets.json) reads "total examples/s divided by the 1-worker
+(16-thread) figure".
 
   python -m benchmarks.scaling [--workers 1,2] [--rounds 2] [--batch 64]
       [--json out.json]
