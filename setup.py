@@ -16,9 +16,9 @@ setuptools.setup(
     extras_require={
         "tf": ["tensorflow>=2.16"],
         "tf-cpu": ["tensorflow-cpu>=2.16"],
-        "test": ["pytest", "pytest-xdist"],
+        "test": ["pytest", "pytest-xdist", "ruff"],
         # TFDS imagenet2012 needs importlib_resources to prepare from the
         # archives (--tfds_manual_dir, --manual_dir) and does not require it.
-        "examples": ["matplotlib", "tensorflow-datasets", "importlib_resources"],
+        "examples": ["matplotlib", "tensorboard", "tensorflow-datasets", "importlib_resources"],
     },
 )

@@ -94,6 +94,12 @@ def test_no_cycles_within_a_package():
     visit(module, [])
 
 
+def test_no_module_over_400_lines():
+  long = {str(p.relative_to(ROOT)): n for p in _sources()
+          if (n := len(p.read_text().splitlines())) > 400}
+  assert not long, f"split these by what they do: {long}"
+
+
 def test_tests_mirror_the_packages():
   packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
   folders = {p.name for p in (ROOT / "tests").iterdir()

@@ -242,7 +242,7 @@ def compressed_sum(devices, kind):
 def mirrored(devices):
   strategy = tf.distribute.MirroredStrategy(devices)
   with strategy.scope():
-    v = tf.Variable(1.0)
+    tf.Variable(1.0)  # a variable in the strategy's scope, as a model would make
   @tf.function
   def step():
     def replica_fn():

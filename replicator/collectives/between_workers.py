@@ -21,22 +21,16 @@ from tensorflow.python.ops import collective_ops
 def across_workers(value: tf.Tensor, merge_op: str, workers,
                    instance_key: Optional[int] = None,
                    ordering_token: Optional[tf.Tensor] = None,
-                   timeout_s: Optional[float] = None,
-                   final_op: str = "Id") -> tf.Tensor:
+                   timeout_s: Optional[float] = None) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective).
 
   `tf.function` runs collectives one after another in the order they were
   built, except those given an `ordering_token` (a resource handle): each of
   those waits only for the previous one with the same token. `timeout_s`
-  replaces `workers.timeout_s` for this collective (0: no limit). `final_op`
-  "Div" divides a float sum by the number of workers inside the ring: each
-  worker divides the share it reduces, before the shares are passed round.
+  replaces `workers.timeout_s` for this collective (0: no limit).
   """
-  if final_op != "Id" and not (merge_op == "Add" and value.dtype.is_floating):
-    raise ValueError(f"final_op: {final_op!r} divides float sums only, got "
-                     f"merge_op {merge_op!r} on {value.dtype.name}.")
   again = dict(instance_key=instance_key, ordering_token=ordering_token,
-               timeout_s=timeout_s, final_op=final_op)
+               timeout_s=timeout_s)
   if workers is None or workers.num_workers == 1:
     return value
   if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
@@ -57,7 +51,7 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   def reduce(wire, key):
     return collective_ops.all_reduce_v2(
         wire, group_size=workers.num_workers, group_key=workers.group_key,
-        instance_key=key, merge_op=merge_op, final_op=final_op,
+        instance_key=key, merge_op=merge_op, final_op="Id",
         communication_hint="ring",
         timeout=workers.timeout_s if timeout_s is None else timeout_s,
         ordering_token=ordering_token)

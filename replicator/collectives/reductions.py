@@ -66,8 +66,7 @@ def merged_by_collectives(devices: Sequence[str], workers=None) -> bool:
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None, ordering_token=None,
-         final_op: str = "Id", finish=None,
-         finish_on_each_device: bool = False) -> List[tf.Tensor]:
+         finish=None, finish_on_each_device: bool = False) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
   Returns `finish(sum)` (the sum where `finish` is None) on each local
@@ -75,10 +74,9 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   parts with `options.sum_in_float32`). On several GPUs of one worker the sum
   is NCCL's all-reduce, finished on each GPU (`_by_nccl`: not for bfloat16,
   nor between logical GPUs of one GPU); elsewhere an `add_n`, then one
-  collective between workers, whose ring applies `final_op` ("Div": the sum
-  over the number of workers; see `_divided_in_ring`), finished once on the
-  first device and then handed to the others (or, `finish_on_each_device`,
-  handed on and then finished on each).
+  collective between workers, finished once on the first device and then
+  handed to the others (or, `finish_on_each_device`, handed on and then
+  finished on each).
   """
   finish = finish or (lambda total: total)
   if _by_nccl(devices, parts[0].dtype) and (
@@ -92,8 +90,7 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
     else:
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
       total = between_workers.across_workers(total, "Add", workers,
-                                             ordering_token=ordering_token,
-                                             final_op=final_op)
+                                             ordering_token=ordering_token)
     if not finish_on_each_device:
       total = finish(total)
   if finish_on_each_device:
@@ -147,35 +144,21 @@ def _on_devices(fn, values: Sequence[tf.Tensor], devices: Sequence[str]):
   return out
 
 
-def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
-  """`total / num_replicas` in `dtype`.
+def _divides_first(op: ReduceOp, wire: tf.DType, options: AllReduceOptions) -> bool:
+  """Where a mean is divided: before the sum for float16 on the wire, whose
+  sum overflows (to inf) above 65504 where the mean need not (as PyTorch DDP
+  does; exact for a power-of-two number of replicas); everywhere else once,
+  after the sum, in the values' own dtype (`_divided`)."""
+  return op is ReduceOp.MEAN and wire == tf.float16 and not options.sum_in_float32
 
-  A sum of float16 values that was added in bfloat16 or float32 may exceed
-  float16's range where their mean does not: it is divided in float32 first.
-  """
+
+def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
+  """`total / num_replicas` in `dtype`, from a sum in `dtype` or a wider or
+  narrower one (a float16 value's sum added in float32 is divided there,
+  since it may exceed float16's range where the mean does not)."""
   if dtype == tf.float16 and total.dtype != dtype:
     return tf.cast(tf.cast(total, tf.float32) / num_replicas, dtype)
   return tf.cast(total, dtype) / tf.constant(num_replicas, dtype)
-
-
-def _divided_in_ring(op: ReduceOp, wire: tf.DType, num_replicas: int,
-                     options: AllReduceOptions, workers, local_replicas: int) -> bool:
-  """Whether a mean is divided by TensorFlow's ring as it reduces, not after.
-
-  The ring's final op divides the share of the sum that each worker reduces
-  (1/W of the bucket) before the shares go round, so no pass over the whole
-  bucket follows: for a float32 mean the same division of the same sum, for a
-  narrow one exact where the replica count is a power of two (else it would
-  round once more in the narrow dtype, and the division waits for the
-  widening). Only with one replica per worker: the ring divides by its group,
-  the workers. float16 means divide first (their sums overflow), and a
-  float32 sum of narrow values is no ring.
-  """
-  if (op is not ReduceOp.MEAN or workers is None or workers.num_workers == 1
-      or local_replicas != 1 or num_replicas != workers.num_workers
-      or not wire.is_floating or wire == tf.float16 or options.sum_in_float32):
-    return False
-  return wire in (tf.float32, tf.float64) or num_replicas & (num_replicas - 1) == 0
 
 
 def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
@@ -206,11 +189,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
       narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
       wire = narrow or dtype
       layout = packing.Layout.of([first[i].shape for i in group], wire)
-      # A float16 sum overflows (to inf) above 65504 where the mean need not:
-      # a float16 mean divides each replica's bucket first, as PyTorch DDP
-      # does (exact for a power-of-two number of replicas, docs/design.md).
-      divide_first = (op is ReduceOp.MEAN and wire == tf.float16
-                      and not options.sum_in_float32)
+      divide_first = _divides_first(op, wire, options)
       flat = []
       for replica, device in zip(values, devices):
         with tf.device(device):  # narrowed where it lives, so it travels narrow
@@ -218,23 +197,20 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
           if divide_first:
             packed = packed / tf.constant(num_replicas, wire)
           flat.append(packed)
-      in_ring = _divided_in_ring(op, wire, num_replicas, options, workers, len(values))
-      divide_after = op is ReduceOp.MEAN and not (divide_first or in_ring)
+      divide_after = op is ReduceOp.MEAN and not divide_first
 
       def finish(total, dtype=dtype, divide_after=divide_after):
         # A compressed sum is widened whole, then unpacked: one cast of the
-        # bucket costs less than one per tensor (25.6 MB of gradients from
-        # bfloat16: 5.5 ms against 7.4 on one core), and the layout's
-        # alignment holds in the wider dtype, so the pieces stay slices.
-        # Done once where the replicas share one sum, before it is handed on;
-        # after, on each GPU, where the narrow sum crosses between GPUs.
-        if total.dtype != dtype:
-          return (_divided(total, num_replicas, dtype) if divide_after
-                  else tf.cast(total, dtype))
-        return total / tf.constant(num_replicas, dtype) if divide_after else total
+        # bucket costs less than one per tensor, and the layout's alignment
+        # holds in the wider dtype, so the pieces stay slices. Done once
+        # where the replicas share one sum, before it is handed on; after, on
+        # each GPU, where the narrow sum crosses between GPUs.
+        if divide_after:
+          return _divided(total, num_replicas, dtype)
+        return total if total.dtype == dtype else tf.cast(total, dtype)
 
       totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)],
-                    final_op="Div" if in_ring else "Id", finish=finish,
+                    finish=finish,
                     finish_on_each_device=wire != dtype and any(
                         "GPU" in device.upper() for device in devices[1:]))
       for r, (device, total) in enumerate(zip(devices, totals)):

@@ -6,6 +6,7 @@
 - `creation`: the variable factory of `repl.context()` and of a step's first trace.
 - `step_args`: how `run`'s `args` reach the step.
 - `step_checks`: the errors of a step that cannot run.
+- `effects`: what in a traced step has effects, and the gate that holds them.
 - `steps`: `CompiledStep`, k steps of every replica in one call.
 - `divergence`: whether the copies still agree.
 """

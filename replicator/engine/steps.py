@@ -17,7 +17,6 @@ import functools
 from typing import Any, Callable, ContextManager, Sequence
 
 import tensorflow as tf
-from tensorflow.python.framework import op_def_registry
 from tensorflow.python.ops import op_selector
 
 from replicator.engine import merges
@@ -26,60 +25,13 @@ from replicator.engine import step_args
 from replicator.engine import step_checks
 from replicator.inputs import fetch
 from replicator.engine import creation
+from replicator.engine import effects
 
 
 def _to_spec(value):
   if isinstance(value, tf.Tensor):
     return tf.TensorSpec(value.shape, value.dtype)
   return value
-
-
-def _draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
-  """Whether `graph` has stateful random ops (`tf.random.uniform`, dropout).
-
-  Each such op keeps its generator state in its kernel, and every compiled
-  function has kernels of its own: two functions tracing the same step
-  with the same seeds would each start the same stream again. The ops named
-  in `initializers` (variables' initial values, which run once outside the
-  step) do not count.
-  """
-  graph_def = graph.as_graph_def()
-  nodes = [node for node in graph_def.node if node.name not in initializers]
-  for function in graph_def.library.function:
-    nodes.extend(function.node_def)
-  for op_type in {node.op for node in nodes}:
-    op_def = op_def_registry.get(op_type)
-    if op_def is not None and op_def.is_stateful and any(
-        attr.name == "seed2" for attr in op_def.attr):
-      return True
-  return False
-
-
-# The gate's op (`CompiledStep._gate`): its OutOfRangeError means the data ran out.
-_RAN_OUT = "replicator_input_ran_out"
-_GATE_SPEC = tf.TensorSpec([], tf.int64)
-
-
-def _open() -> tf.Tensor:
-  return tf.constant(0, tf.int64)  # the gate where nothing is held
-
-
-def _hold_effects(ops, gate: tf.Tensor):
-  """Makes every op in `ops` that has effects wait for `gate`.
-
-  Effects: a write, a random draw, a print, a collective, a `tf.cond` that
-  holds any. Ops that compute, or read, may run before it. One copy of the
-  gate per device.
-  """
-  held = {}
-  for op in ops:
-    if op.type in creation.READS or not op.op_def.is_stateful:
-      continue
-    device = op.device
-    if device not in held:
-      with tf.device(device):
-        held[device] = tf.identity(gate).op
-    op._add_control_inputs([held[device]])  # pylint: disable=protected-access
 
 
 class _Traced:
@@ -173,18 +125,22 @@ class CompiledStep:
       # the call, only where every worker made the same (else the workers
       # that made none would never join the collectives that send them).
       pending = self._new_variables.digest()
-    # The common case, without the loop's per-call overhead; a step that
-    # draws random numbers always runs in the loop, so one stream advances
-    # whatever `steps` each call asks for. So does every step on several
-    # workers: the loop checks that every worker asked for the same `steps`
-    # (two compiled functions' collectives have different keys, and a loop's
-    # are told apart by iteration, so workers running different numbers of
-    # steps would wait for each other forever).
-    if steps == 1 and not self._current.draws_random and self._workers is None:
+    # The common case, without the loop's per-call overhead (a quarter of a
+    # small MLP's step on 2 replicas): one step where running out of data is
+    # the one way to stop. A step that draws random numbers always runs in
+    # the loop, so one stream advances whatever `steps` each call asks for.
+    # So does every step on several workers: the loop checks that every
+    # worker asked for the same `steps` (two compiled functions' collectives
+    # have different keys, and a loop's are told apart by iteration, so
+    # workers running different numbers of steps would wait for each other
+    # forever), and every step whose batch sizes are compared at run time.
+    if (steps == 1 and not self._current.draws_random and self._workers is None
+        and (iterator is None
+             or self._fetcher.sizes_to_compare(iterator.element_spec) is None)):
       try:
         completed, tensors, status = self._single(iterator, args)
       except tf.errors.OutOfRangeError as error:
-        if _RAN_OUT not in (error.message or ""):
+        if effects.RAN_OUT not in (error.message or ""):
           raise  # step_fn's own
         completed, tensors, status = 0, self._initial_outputs(), fetch.OUT_OF_DATA
     else:
@@ -266,7 +222,7 @@ class CompiledStep:
         with self._factory.creating() if creating else contextlib.nullcontext(set()) \
             as initializers:
           try:
-            concrete = self._replicated_step.get_concrete_function(batches, args, _GATE_SPEC)
+            concrete = self._replicated_step.get_concrete_function(batches, args, effects.GATE_SPEC)
             break
           except merges.MergeAtWrite as read:
             # Again, merging these where they are written (merges.DeferredMerges);
@@ -278,7 +234,7 @@ class CompiledStep:
     finally:
       self._creating = False
     return _Traced(self._traced_output_spec,
-                   _draws_from_kernel_state(concrete.graph, initializers))
+                   effects.draws_from_kernel_state(concrete.graph, initializers))
 
   def _converted_in_function(self):
     step_fn = self._step_fn
@@ -302,7 +258,7 @@ class CompiledStep:
     group = self._group()
     with self._tracing():
       outputs = group.run(step_fn, per_replica, self._replica_scope(creating=self._creating))
-    _hold_effects(graph.get_operations()[before:], gate)
+    effects.hold_effects(graph.get_operations()[before:], gate)
     outputs = [step_checks.check_outputs(o, self._step_fn) for o in outputs]
     self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
     leaves = [tf.nest.flatten(o) for o in outputs]
@@ -335,48 +291,36 @@ class CompiledStep:
   def _trace_single(self, iterator, args):
     """One step, run only if every replica got its batch.
 
-    Where running out of data is the one way to stop (a bool status), the
-    step is called after a gate that raises `OutOfRangeError` (caught in
+    The step is called after a gate that raises `OutOfRangeError` (caught in
     `__call__`) when the data ran out, and its ops with effects wait for the
-    gate (`_hold_effects`): the step's variables need no `Switch` each, as they
+    gate (`effects.hold_effects`): the step's variables need no `Switch` each, as they
     do inside a `tf.cond` (Sonnet's ResNet-50 on 2 replicas: 13.7k nodes for
     Grappler instead of 17.7k, the first step 15-18% sooner). An OutOfRange is
     the error TensorFlow logs least (on several devices, INFO lines of
     cancelled receives), and an empty iterator's `get_next` the cheapest op
-    that raises it. Where batch sizes are compared at run time, the status
-    says why the step did not run, and the step runs in a `tf.cond`.
+    that raises it.
     """
     n = len(self._devices)
     if iterator is None:
-      outputs = self._replicated_step([None] * n, args, _open())
-      completed = tf.constant(1, tf.int64)
-      status = fetch.status_tensor(fetch.READY)
+      outputs = self._replicated_step([None] * n, args, effects.open_gate())
     else:
-      optionals, status = self._fetcher.fetch(iterator)
-      if status.dtype == tf.bool:  # running out of data is the one way to stop
-        gate = self._gate(status)
-        with tf.control_dependencies([gate]):  # (the batches wait too)
-          batches = [(o.get_value(),) for o in optionals]
-        outputs = self._replicated_step(batches, args, gate)
-        completed = tf.constant(1, tf.int64)
-        status = fetch.status_tensor(fetch.READY)
-      else:
-        completed, outputs = tf.cond(
-            fetch.is_ready(status),
-            lambda: (tf.constant(1, tf.int64), self._replicated_step(
-                [(o.get_value(),) for o in optionals], args, _open())),
-            lambda: (tf.constant(0, tf.int64), self._initial_outputs()))
+      optionals, ready = self._fetcher.fetch(iterator)  # a bool (`__call__`)
+      gate = self._gate(ready)
+      with tf.control_dependencies([gate]):  # (the batches wait too)
+        batches = [(o.get_value(),) for o in optionals]
+      outputs = self._replicated_step(batches, args, gate)
     step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
-    return completed, outputs, fetch.why_stopped(status)
+    return (tf.constant(1, tf.int64), outputs,
+            fetch.why_stopped(fetch.status_tensor(fetch.READY)))
 
   def _gate(self, ready: tf.Tensor) -> tf.Tensor:
-    """A tensor that raises `OutOfRangeError` (from an op in `_RAN_OUT`) unless `ready`."""
+    """A tensor that raises `OutOfRangeError` (from an op in `effects.RAN_OUT`) unless `ready`."""
     if self._empty is None:
       with tf.init_scope(), tf.device("/cpu:0"):
         self._empty = iter(tf.data.Dataset.range(0))
 
     def ran_out():
-      with tf.name_scope(_RAN_OUT):
+      with tf.name_scope(effects.RAN_OUT):
         return self._empty.get_next()
     return tf.cond(ready, lambda: tf.constant(0, tf.int64), ran_out)
 
@@ -406,7 +350,7 @@ class CompiledStep:
       # of a 45 ms all-reduce call at 2 workers, 5-8 of 120 at 4). Where they
       # differ, the first step has run everywhere and STEPS_DIFFER stops them.
       def body(i, agreed, status, unused_outputs):
-        outputs = self._replicated_step([None] * n, args, _open())
+        outputs = self._replicated_step([None] * n, args, effects.open_gate())
         if self._workers is not None:
           agreed, status = tf.cond(
               tf.equal(i, 0), lambda: self._fetcher.agree_on_steps(steps, pending),
@@ -433,7 +377,7 @@ class CompiledStep:
 
       def body(i, optionals, unused_status, unused_outputs):
         outputs = self._replicated_step([(o.get_value(),) for o in optionals], args,
-                                        _open())
+                                        effects.open_gate())
         optionals, status = fetch_if_due(i + 1)
         return i + 1, optionals, status, outputs
 

@@ -247,20 +247,19 @@ def test_buckets_in_flight_wait_only_for_their_lane(in_flight):
                         if t.dtype == tf.resource]
 
 
-@pytest.mark.parametrize("num_workers,local,compression,divided_in_ring", [
-    (2, 1, "NONE", True), (3, 1, "NONE", True), (2, 1, "BF16", True),
-    (4, 1, "BF16", True),
-    (3, 1, "BF16", False),  # the ring would round the quotient in bfloat16
-    (2, 1, "FP16", False),  # divided before the sum, which could overflow
-    (2, 2, "NONE", False),  # the ring divides by the workers, not the replicas
-    (2, 2, "BF16", False),
+@pytest.mark.parametrize("num_workers,local,compression,divided_first", [
+    (2, 1, "NONE", False), (3, 1, "NONE", False), (2, 1, "BF16", False),
+    (4, 1, "BF16", False), (3, 1, "BF16", False),
+    (2, 1, "FP16", True),  # divided before the sum, which could overflow
+    (2, 2, "NONE", False), (2, 2, "BF16", False),
+    (2, 2, "FP16", True),
     (1, 2, "NONE", False),  # one worker: no ring; the replicas' sum divided once
 ])
-def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
-    num_workers, local, compression, divided_in_ring):
-  """The ring's final op divides the share each worker reduces; no pass over
-  the whole sum follows. Elsewhere the sum is divided after the collective,
-  once for all local replicas (before it is handed to each)."""
+def test_a_mean_is_divided_once_after_the_sum_or_float16_before_it(
+    num_workers, local, compression, divided_first):
+  """The ring only sums (its final op is the identity); the sum is divided
+  once, after the collective, for all local replicas (before it is handed to
+  each). A float16 mean divides each replica's bucket before the sum."""
   workers = cluster.CollectiveKeys(num_workers=num_workers, worker_index=0, timeout_s=0)
   devices = ["/device:CPU:0"] * local
 
@@ -276,9 +275,14 @@ def test_a_mean_between_workers_of_one_replica_is_divided_in_the_ring(
   graph = fn.get_concrete_function().graph
   reduce_ops = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
   assert [op.get_attr("final_op") for op in reduce_ops] == (
-      [] if num_workers == 1 else [b"Div"] if divided_in_ring else [b"Id"])
+      [] if num_workers == 1 else [b"Id"])
   divisions = [op for op in graph.get_operations() if op.type in ("RealDiv", "Div")]
-  assert len(divisions) == (0 if divided_in_ring else 1), divisions
+  assert len(divisions) == (local if divided_first else 1), divisions
+  sums = {op.name for op in graph.get_operations()
+          if op.type in ("AddN", "CollectiveReduceV2")}
+  for division in divisions:  # before a sum, or after every one
+    feeds_a_sum = any(c.name in sums for c in division.outputs[0].consumers())
+    assert feeds_a_sum == divided_first, division
 
 
 def _traced_mean_of_ones(devices, compression, **kwargs):

@@ -116,7 +116,7 @@ def main():
 
   if worker == 0:  # a variable made in repl.context() on the chief alone
     with repl.context():
-      chief_only = tf.Variable(tf.fill([3], 7.0))
+      tf.Variable(tf.fill([3], 7.0))
 
   def context_fn():  # a new step: the check before its first call catches it
     return repl.all_sum(v.read_value())
@@ -129,7 +129,7 @@ def main():
   print(f"CONTEXT_THEN {repl.run(sum_fn).numpy()[0].tolist()}", flush=True)
   if worker == 0:  # the same before a step traced before (a hang before)
     with repl.context():
-      chief_only = tf.Variable(tf.fill([4], 7.0))
+      tf.Variable(tf.fill([4], 7.0))  # made on the chief alone
   try:
     repl.run(sum_fn)
     print("CONTEXT_OLD ran", flush=True)
