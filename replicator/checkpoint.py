@@ -157,7 +157,7 @@ class Checkpointer:
     self._restoring = tf.train.Checkpoint(**self._matched(path, allow_missing))
     self._restoring.read(path).expect_partial()  # unbuilt variables come later
     records = pointer.get("replicators")
-    if records is None and "inputs" in pointer:  # written before several replicators
+    if records is None and "inputs" in pointer:  # one record at the top level
       records = [{"inputs": pointer["inputs"], "topology": pointer["topology"]}]
     saved = positions.SavedPositions(records or [])
     for repl in _open_replicators():

@@ -55,7 +55,7 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
       # Merged like any write of a step: where merges are collectives, at the
       # step's end with every other (one all-reduce for the model). Each
       # replica combines the gathered statistics itself, and another worker's
-      # CPU may round that by a bit, so the copies are never assumed equal.
+      # CPU may round that by a bit: the merge keeps the copies identical.
       self.moving_mean.update(mean)
       self.moving_variance.update(variance)
     return out
@@ -82,7 +82,8 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     # where the mean is large against the spread. The gradient is written out
     # (`_global_moments_gradient`) rather than differentiated through the
     # combination: one sum of the statistics' gradients over replicas, then
-    # an element-wise expression, where autodiff made ~60 small ops a layer.
+    # an element-wise expression, where autodiff would make dozens of small
+    # ops a layer.
     x = tf.cast(inputs, wide)
     replica = replica_context.current()
 

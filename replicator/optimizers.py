@@ -210,7 +210,7 @@ class ReplicatedOptimizer(tf.Module):
     reduced = [grads[i] for i in present]
     if replica.group.num_replicas > 1:
       reduced = in_step.all_reduce(reduced, self._gradient_reduction,
-                                       self._all_reduce)
+                                   self._all_reduce)
     else:  # dense, as the reduction makes them: the same update on 1 or N replicas
       reduced = [tf.convert_to_tensor(g) for g in reduced]
     grads = list(grads)

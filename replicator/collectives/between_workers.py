@@ -3,7 +3,8 @@
 TensorFlow's own `CollectiveReduceV2` / `CollectiveGatherV2` over gRPC (the
 engine of `MultiWorkerMirroredStrategy`), one call per collective on each
 worker's first device. Every worker traces the same program, so each takes
-its instance key from a counter (`cluster.CollectiveKeys`) with no exchange.
+its instance key from a counter (`multiworker.cluster.CollectiveKeys`) with no
+exchange.
 TensorFlow keeps the shape a collective first had under its key for the life
 of the process and aborts every collective when a later call under that key
 has another: a collective whose shape is known only at run time travels

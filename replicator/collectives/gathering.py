@@ -102,7 +102,7 @@ def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
     start += width
     sizes = shapes[:, 0]
     most = tf.reduce_max(sizes)
-    # Checked on every worker alike from the same figures, before the data
+    # Checked the same way on every worker from the same figures, before the data
     # travels: an error everywhere rather than a gather that would abort.
     checks = [
         tf.debugging.Assert(

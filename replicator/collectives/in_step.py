@@ -1,4 +1,8 @@
-"""Collectives as seen from inside a step: nests in, nests out, for this replica."""
+"""Collectives as seen from inside a step: nests in, nests out, for this replica.
+
+Each wrapper checks its arguments, meets the other replicas at one collective
+(`replica_context`), and is differentiable: its gradient is a collective too.
+"""
 
 import numbers
 import threading
@@ -132,10 +136,10 @@ def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
 
   `tf.custom_gradient` walks the graph back from the outputs to the inputs to
   find the variables read in between. A collective's outputs depend on every
-  replica's inputs, so that walk went through every other replica's step up
-  to this point: once per collective, a third of tracing a ResNet-50 with
-  cross-replica batch norm. A collective reads no variables: this does what
-  `tf.custom_gradient` does otherwise (an IdentityN whose gradient is
+  replica's inputs, so that walk would go through every other replica's step
+  up to this point, once per collective: a large part of tracing a deep model
+  with cross-replica batch norm. A collective reads no variables: this does
+  what `tf.custom_gradient` does otherwise (an IdentityN whose gradient is
   `backward`, for `tf.gradients`, and recorded so, for `tf.GradientTape`).
   """
   outputs, backward = forward(*inputs)

@@ -4,12 +4,12 @@ A bucket is its tensors flattened and concatenated, so that one collective
 reduces them all. After the reduction each tensor is cut back out of the sum.
 `tf.split` of a 1-D tensor copies every byte; a `tf.slice` whose start and end
 fall on TensorFlow's 64-byte buffer alignment shares the sum's buffer instead
-(SliceOp's aligned fast path; measured on the CPU only). So in a bucket of large
+(SliceOp's aligned fast path; checked on the CPU only). So in a bucket of large
 tensors each tensor starts on that alignment (zeros pad the gaps; they add up
-to zeros) and comes back as a slice: unpacking 25.6 MB of float32 took 0.6 ms
-instead of 3.1 ms for the split on the 2-core machine. A slice costs an op per
-tensor (about 4 us there), more than copying a tensor of a few kilobytes, so a
-bucket of small tensors is split as before.
+to zeros) and comes back as a slice, which copies nothing (see
+benchmarks/RESULTS.md, item 3). A slice costs an op per tensor, more than
+copying a tensor of a few kilobytes, so a bucket of small tensors is cut out
+by one split.
 """
 
 import dataclasses

@@ -57,22 +57,17 @@ class AllReduceOptions:
       added in float32: every value is rounded once, the sums not at all.
       Between workers this is an all-gather of the compressed buckets and a
       local sum (each worker receives W-1 buckets instead of a ring's ~2):
-      an accuracy option, not a speed one (TensorFlow's gather over gRPC
-      was 1.4x-2.6x slower than a float32 all-reduce at 2-4 workers on a
-      2-core machine, benchmarks/RESULTS.md).
+      an accuracy option, not a speed one (TensorFlow's gather over gRPC is
+      slower than a float32 all-reduce; see benchmarks/RESULTS.md).
     buckets_in_flight: multi-worker: how many buckets' collectives may cross
       at once (in the order the buckets fill, last layer first). Bucket i
       waits only for bucket i - k, so k rings run side by side: TensorFlow
       moves each ring's bytes through gRPC on a few threads, and side by side
-      they use more of a worker's cores. On a 16-core machine, against one
-      32 MiB bucket at a time, 8 MiB x 4 ran a 25.6 MB gradient set's float32
-      all-reduce 1.9x faster at 2 and 4 workers and 1.07x at 8; with 16 MiB
-      x 2 (the default) bfloat16 at 8 workers ran 1.65x-1.74x MWMS's float32,
-      against 1.44x-1.52x for one bucket. None (the default): 2, or 1
-      where this host runs more of the job's workers than it has cores:
-      there (4 workers on 2 cores) two side by side compete for the cores,
-      and one at a time ran the bfloat16 all-reduce 1.61x MWMS's float32
-      against 1.49x (benchmarks/RESULTS.md, item 3).
+      they use more of a worker's cores, so a host with cores to spare
+      all-reduces faster than with one bucket at a time. None (the
+      default): 2, or 1 where this host runs more of the job's workers than
+      it has cores: there rings side by side compete for the cores, and one
+      at a time is faster (benchmarks/RESULTS.md, item 3).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers). The constructor waits at

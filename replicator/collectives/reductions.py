@@ -41,9 +41,9 @@ _NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 def _gpus_split() -> bool:
   """Whether a physical GPU holds several logical GPUs of this process.
 
-  NCCL refuses two ranks on one GPU ("NCCL: invalid usage", seen on the device
-  machine's H200 split in two), so sums between such GPUs are an `add_n` on
-  the first, as MirroredStrategy also avoids NCCL there.
+  NCCL refuses two ranks on one GPU ("NCCL: invalid usage"), so sums between
+  such GPUs are an `add_n` on the first, as MirroredStrategy also avoids NCCL
+  there.
   """
   return (len(tf.config.list_logical_devices("GPU"))
           > len(tf.config.list_physical_devices("GPU")))
@@ -55,13 +55,6 @@ def _by_nccl(devices: Sequence[str], dtype: tf.DType = tf.float32) -> bool:
   it is an `add_n` on the first device, whatever the dtype."""
   return (len(devices) > 1 and all("GPU" in d.upper() for d in devices)
           and dtype in _NCCL_DTYPES and not _gpus_split())
-
-
-def merged_by_collectives(devices: Sequence[str], workers=None) -> bool:
-  """Whether a sum over these replicas takes collective kernels (NCCL between
-  GPUs, a ring between workers), each a launch or a round trip, rather than an
-  `add_n` in the graph."""
-  return _by_nccl(devices) or (workers is not None and workers.num_workers > 1)
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
@@ -167,8 +160,8 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                num_replicas: int = None, workers=None) -> List[List[tf.Tensor]]:
   """Reduces matching tensors across replicas, packed by dtype into buckets.
 
-  `workers` (a `cluster.CollectiveKeys`) extends the reduction to the other
-  workers' replicas; `num_replicas` is then the job's total.
+  `workers` (a `multiworker.cluster.CollectiveKeys`) extends the reduction to
+  the other workers' replicas; `num_replicas` is then the job's total.
   """
   num_replicas = num_replicas or len(values)
   values = [[dense(v) for v in replica] for replica in values]

@@ -3,8 +3,11 @@
 A step is traced once per local replica into one graph. Each replica is traced
 in its own thread so that a collective can pause it until every replica has
 reached the same collective; the collective is then built from all replicas'
-values at once (see `collectives`). Threads run one at a time, in replica
-order, so graph construction is deterministic.
+values at once (see `collectives.reductions`). Threads run one at a time, in
+replica order, so graph construction is deterministic.
+
+`writing_locally` marks the updates that go straight to each replica's own copy
+(the optimizer's, whose inputs are already identical on every replica).
 """
 
 import contextlib
@@ -79,7 +82,8 @@ class ReplicaGroup:
     devices: one device per local replica.
     first_replica_id: global id of the first local replica.
     num_replicas: replicas in the whole job.
-    workers: a `cluster.CollectiveKeys` when replicas span several workers.
+    workers: a `multiworker.cluster.CollectiveKeys` when replicas span
+      several workers.
     deferred: the variable merges that wait for the end of the step
       (`engine.merges.DeferredMerges`); None where no variable is written.
   """
@@ -95,13 +99,14 @@ class ReplicaGroup:
     self._arrivals = [None] * len(self.devices)
     self._results = [None] * len(self.devices)
     self._aborted = False
-    # (tf.function, local replica) -> (it, its copy); see nested_functions.
+    # (tf.function, local replica) -> (it, its copy); see `patches.nested_functions`.
     self.function_copies = {}
     self.step_graph = None  # the graph `run` traces the replicas into
     self.last_collective = None  # the name of the last collective the replicas met at
     self.deferred = deferred  # an `engine.merges.DeferredMerges`, or None
     # The ops by which replicated variables wrote their copies in the step's
-    # graph (`variables`); `step_errors.check_writes` refuses any other.
+    # graph (`engine.variables`); `engine.step_checks.check_writes` refuses
+    # any other.
     self.library_writes = set()
 
   @property
@@ -201,7 +206,7 @@ class ReplicaGroup:
 def _check_not_nested(name):
   """Refuses a collective inside a `tf.function` that step_fn called.
 
-  Only XLA-compiled ones get that far (`nested_functions` inlines the
+  Only XLA-compiled ones get that far (`patches.nested_functions` inlines the
   others): each replica traces its own copy into a graph of its own, and a
   collective cannot join values from several graphs.
   """

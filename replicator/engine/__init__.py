@@ -2,10 +2,11 @@
 
 - `registry`: which variables are per-replica copies.
 - `variables`: `ReplicatedVariable`, one copy per replica, writes merged.
-- `merges`: the writes whose merge waits for the end of the step.
+- `merges`: the writes whose merge waits for the end of the step, and the
+  record of the library's own writes.
 - `creation`: the variable factory of `repl.context()` and of a step's first trace.
 - `step_args`: how `run`'s `args` reach the step.
-- `step_checks`: the errors of a step that cannot run.
+- `step_checks`: the errors of a step that cannot run, and the program check.
 - `effects`: what in a traced step has effects, and the gate that holds them.
 - `steps`: `CompiledStep`, k steps of every replica in one call.
 - `divergence`: whether the copies still agree.

@@ -9,8 +9,11 @@ outside the trace at once, uninitialized, and get their initial values from one
 function run after the trace, as `tf.function` initializes its own. Left to
 `tf.function`, each would be an `UnliftedInitializerVariable`, which builds a
 `tf.cond` per variable into the trace and makes `tf.function` trace the step a
-second time: for a lazily built ResNet-50, 6 of the 11 s that the first trace
-took on a 2-core CPU.
+second time, which for a lazily built deep model is more than half of the
+first trace (see benchmarks/RESULTS.md, "Time to the first training step").
+
+`no_creation` refuses a variable made where a step may not make one (a later
+trace, another replica's), naming it as `describe` does.
 """
 
 import collections
@@ -60,7 +63,7 @@ class VariableFactory:
     finally:
       _local.creating = False
     variable = variables.ReplicatedVariable(primary, self._devices,
-                                  kwargs.get("aggregation"))
+                                            kwargs.get("aggregation"))
     self.created.append(variable)
     if tf.executing_eagerly() or self._lifting:
       # In a trace under `creating()` the copies are made now, uninitialized (the
@@ -223,9 +226,9 @@ READS = frozenset({"ReadVariableOp", "VarIsInitializedOp", "VariableShape",
 def _without_grappler():
   """Functions first called in it, in this thread, are not optimized by Grappler.
 
-  The initializers run once; optimizing their function (about 2,000 nodes for
-  a ResNet-50 and its optimizer) took 0.35 s of the first step on the 2-core
-  machine and saves nothing. Function call options are per thread.
+  The initializers run once; optimizing their function (thousands of nodes
+  for a deep model and its optimizer) delays the first step and saves
+  nothing. Function call options are per thread.
   """
   context = eager_context.context()
   saved = context.function_call_options

@@ -1,4 +1,12 @@
-"""Variable writes whose merge over replicas waits for the end of the step."""
+"""Variable writes whose merge over replicas waits for the end of the step.
+
+While a step is traced, `DeferredMerges` records the deferred writes and
+`merge_deferred` merges them all in one rendezvous at the end of each
+replica's step; where something reads a copy in between, `MergeAtWrite` asks
+for a trace that merges those variables at the write instead. `written_here`
+records the ops by which the library writes a copy, so that
+`step_checks.check_writes` can refuse a write that bypassed the merge.
+"""
 
 from typing import Callable
 
@@ -21,12 +29,11 @@ class MergeAtWrite(Exception):
 class DeferredMerges:
   """Variable writes of one step trace whose merge waits for the step's end.
 
-  Where merges are collectives (`reductions.merged_by_collectives`), a
-  float variable averaged over replicas (`snt.BatchNorm`'s moving
-  averages, spectral norm's `u`) is written on each replica's copy alone,
-  and the copies are averaged once, all in one packed all-reduce, after
-  step_fn returns (`merge_deferred`): between workers, 106 round
-  trips a ResNet-50 step become one. That is the merge at the write only
+  A variable averaged over replicas (`snt.BatchNorm`'s moving averages,
+  spectral norm's `u`) or taking the first replica's value (a counter) is
+  written on each replica's copy alone, and the copies are merged once, all
+  in one rendezvous, after step_fn returns (`merge_deferred`): between
+  workers, one round trip a step instead of one per such variable. That is the merge at the write only
   while nothing reads the copy in between but what is itself written to a
   deferred variable (Sonnet's debiased average, computed from the hidden
   one). A read that reaches anything else (the loss, step_fn's outputs, a

@@ -3,13 +3,14 @@
 Compilation traces each replica once: the replicated step is traced first, on
 its own, with a variable factory active for replica 0 (modules built on first
 call and optimizer slots are created there, outside the trace, and initialized
-after it from the initializers it computed; see `variable_creation`), and the
-loop reuses that trace; a later trace for other `args` may not create
-variables. On several workers the workers then compare the collectives they
-traced before any of them runs (`step_checks.check_same_program`), and only
-then do the chief's initial values go to every worker. How `args` are passed
-is in `step_args`, how each step's batches are fetched in `step_fetch`, and the
-errors of a step that cannot run in `step_errors`.
+after it from the initializers it computed; see `creation`), and the loop
+reuses that trace; a later trace for other `args` may not create variables.
+On several workers the workers then compare the collectives they traced before
+any of them runs (`step_checks.check_same_program`), and only then do the
+chief's initial values go to every worker. How `args` are passed is in
+`step_args`, how each step's batches are fetched in `inputs.fetch`, the gate
+that holds a step's effects until its batches arrived in `effects`, and the
+errors of a step that cannot run in `step_checks`.
 """
 
 import contextlib
@@ -54,7 +55,8 @@ class CompiledStep:
                workers=None, new_variables=None, uneven_batches: bool = False,
                tracing: Callable[[], ContextManager] = contextlib.nullcontext):
     self._step_fn = step_fn
-    self._tracing = tracing  # what holds while the replicas are traced (`patches`)
+    # What holds while the replicas are traced (`patches.registry.while_tracing`).
+    self._tracing = tracing
     self._element_spec = element_spec
     # what the traces see: dims that differ between workers are unknown
     self._traced_spec = fetch.agreed_element_spec(element_spec, workers, devices[0])
@@ -63,10 +65,11 @@ class CompiledStep:
     self._num_replicas = num_replicas
     self._factory = factory
     self._workers = workers
-    self._new_variables = new_variables  # `peers.NewVariables`, with `workers`
+    # A `multiworker.peers.NewVariables`, given with `workers`.
+    self._new_variables = new_variables
     self._python_numbers = step_args.PythonNumbers(step_fn)
     self._fetcher = fetch.BatchFetcher(self._devices, num_replicas, workers,
-                                            uneven_batches)
+                                       uneven_batches)
     self._traced = {}  # signature of args -> _Traced
     self._creating = False  # while the real step is traced first (`_trace_first`)
     self._traced_output_spec = None  # step_fn's outputs in the last `_trace_step`
@@ -79,8 +82,7 @@ class CompiledStep:
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
-    # as one graph (inlined into the loop's `cond`, a GAN step ran 1.06-1.20x
-    # slower; measured with benchmarks.gan_step).
+    # as one graph (inlined into the loop's `cond`, a GAN step runs slower).
     self._replicated_step = tf.function(self._trace_step, autograph=False,
                                         jit_compile=jit_compile)
 
@@ -125,8 +127,8 @@ class CompiledStep:
       # the call, only where every worker made the same (else the workers
       # that made none would never join the collectives that send them).
       pending = self._new_variables.digest()
-    # The common case, without the loop's per-call overhead (a quarter of a
-    # small MLP's step on 2 replicas): one step where running out of data is
+    # The common case, without the loop's per-call overhead (a large part of a
+    # small model's step): one step where running out of data is
     # the one way to stop. A step that draws random numbers always runs in
     # the loop, so one stream advances whatever `steps` each call asks for.
     # So does every step on several workers: the loop checks that every
@@ -293,9 +295,9 @@ class CompiledStep:
 
     The step is called after a gate that raises `OutOfRangeError` (caught in
     `__call__`) when the data ran out, and its ops with effects wait for the
-    gate (`effects.hold_effects`): the step's variables need no `Switch` each, as they
-    do inside a `tf.cond` (Sonnet's ResNet-50 on 2 replicas: 13.7k nodes for
-    Grappler instead of 17.7k, the first step 15-18% sooner). An OutOfRange is
+    gate (`effects.hold_effects`): the step's variables need no `Switch` each,
+    as they do inside a `tf.cond`, so Grappler has fewer nodes to optimize and
+    the first step comes sooner. An OutOfRange is
     the error TensorFlow logs least (on several devices, INFO lines of
     cancelled receives), and an empty iterator's `get_next` the cheapest op
     that raises it.
@@ -334,7 +336,7 @@ class CompiledStep:
     They are fetched only if a next step is due, so no element is lost.
     Returns `(completed, outputs, status)`: status is why the loop stopped
     (READY when it ran every step). On several workers the workers compare
-    `steps` and `pending` (`peers.NewVariables.digest`) first.
+    `steps` and `pending` (`multiworker.peers.NewVariables.digest`) first.
     """
     n = len(self._devices)
     zero = tf.constant(0, tf.int64)
@@ -346,9 +348,9 @@ class CompiledStep:
     if iterator is None:
       # On several workers, the first step runs while the workers compare their
       # `steps` (every worker asked for one at least), and the loop goes on only
-      # where they agree: the comparison is off the step's path (it took 3-4 ms
-      # of a 45 ms all-reduce call at 2 workers, 5-8 of 120 at 4). Where they
-      # differ, the first step has run everywhere and STEPS_DIFFER stops them.
+      # where they agree: the comparison is off the step's path, so no step
+      # waits for its round trip. Where they differ, the first step has run
+      # everywhere and STEPS_DIFFER stops them.
       def body(i, agreed, status, unused_outputs):
         outputs = self._replicated_step([None] * n, args, effects.open_gate())
         if self._workers is not None:

@@ -5,11 +5,11 @@ inside a step is aggregated first (mean for floats, replica 0's value for
 integers, or the variable's own `aggregation`), so the copies never drift.
 With SUM, `assign_add` sums the replicas' deltas; `assign` sums the assigned
 values, except on an ON_READ variable (a metric's accumulator), where it sums
-the changes. Where merges are collectives (GPUs, several workers), a float
-mean's merge waits for the end of the step, where every variable so written
-is averaged in one all-reduce, unless the step reads the copy in between
-(`merges.DeferredMerges`). Outside a step, reads see copy 0 and writes go
-to every copy.
+the changes. Where merges are collectives (GPUs, several workers), the merge
+of a float mean or of the first replica's value waits for the end of the
+step, where every variable so written is merged in one rendezvous, unless the
+step reads the copy in between (`merges.DeferredMerges`). Outside a step,
+reads see copy 0 and writes go to every copy.
 """
 
 from typing import List, Sequence
@@ -198,19 +198,15 @@ class ReplicatedVariable(tf.Variable):
   def _defers(self, replica) -> bool:
     """Whether this write's merge waits for the step's end (`merges.DeferredMerges`).
 
-    A mean's and a first replica's value's may: the merge of what each
-    replica's writes leave. Where merges are collectives, so that one for all
-    the step's writes saves launches or round trips; not where they are sums
-    in the graph (replicas on the CPUs of one worker), where packing them
-    would only add ops for Grappler to the step. Not inside a `tf.cond` or
-    loop of step_fn, where the end could not follow, nor for booleans, which
-    no all-reduce takes.
+    A mean's and a first replica's value's do: the merge of what each
+    replica's writes leave, one for all the step's writes (between GPUs or
+    workers, one launch or round trip instead of one per write). Not inside
+    a `tf.cond` or loop of step_fn, where the end could not follow, nor for
+    booleans, which no all-reduce takes.
     """
-    group = replica.group
     return (self._reduce_op in (reduce_options.ReduceOp.MEAN, None)
             and not self._merge_at_write and self.dtype != tf.bool
-            and reductions.merged_by_collectives(group.devices, group.workers)
-            and tf.compat.v1.get_default_graph() is group.step_graph)
+            and tf.compat.v1.get_default_graph() is replica.group.step_graph)
 
   def _aggregate(self, replica, value, defer: bool = False):
     group = replica.group

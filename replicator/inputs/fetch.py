@@ -2,8 +2,9 @@
 
 A step runs only when every replica, on every worker, has a batch (and, unless
 the input allows uneven batches, all of one size), and on several workers only
-when every worker asked for the same number of steps. The status codes say
-which of these stopped a loop; `Replicator.run` turns them into its errors.
+when every worker asked for the same number of steps and made the same
+variables in `repl.context()` since its last run. The status codes say which
+of these stopped a loop; `Replicator.run` turns them into its errors.
 """
 
 from typing import Sequence

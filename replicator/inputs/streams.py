@@ -140,7 +140,7 @@ class InputStreams:
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
     check_dataset(dataset, input_fn)
     skipped = input_context.check_skipped_by_input_fn(dataset, ctx,
-                                               errors.name_of(input_fn))
+                                                      errors.name_of(input_fn))
     if input_context.allows_uneven_batches(dataset):
       self._uneven_inputs.add(input_fn)
     if expected_spec is not None and dataset.element_spec != expected_spec:

@@ -131,9 +131,9 @@ class CollectiveKeys:
   # life of the process, and aborts every collective when a later call under
   # the same key has another shape. A collective whose shape is known only at
   # run time (a short last batch, uneven batches) travels flattened and padded
-  # to a size class (`between_workers`), and takes its key at run time, one
-  # per class, from a range of its own: a slot of `_CLASSES_PER_SLOT` keys per
-  # such collective.
+  # to a size class (`collectives.between_workers`), and takes its key at run
+  # time, one per class, from a range of its own: a slot of `_CLASSES_PER_SLOT`
+  # keys per such collective.
   _SHAPE_KEYS = 1 << 29
   _CLASSES_PER_SLOT = 1 << 12
   _SLOTS = ((1 << 30) - (1 << 29)) // _CLASSES_PER_SLOT
@@ -210,9 +210,9 @@ def _check_peer(worker: int, timeout_s: float) -> None:
   """Raises (UnavailableError, DeadlineExceededError...) unless `worker` answers.
 
   TensorFlow's binding holds the GIL until the answer or the timeout: every
-  Python thread of this process waits that long (measured: a 3 s check of a
-  frozen peer froze the main thread for 3.0 s), so keep `timeout_s` short
-  where the process has other work.
+  Python thread of this process waits that long (a check of a frozen peer
+  freezes the main thread for the whole `timeout_s`), so keep `timeout_s`
+  short where the process has other work.
   """
   eager_context.context().check_collective_ops_peer_health(
       f"/job:{_JOB}/replica:0/task:{worker}", timeout_in_ms=int(timeout_s * 1000))

@@ -121,13 +121,13 @@ class Peers:
 
     Eagerly, and packed as gradients are: a few collectives, not one per
     variable (a ResNet-50 and its optimizer make about 530), and no function
-    to trace and optimize (which took 3.6 s of a ResNet-50's first call on
-    2 workers, against half a second now).
+    to trace and optimize, which would cost a large model's first call more
+    than the values' travel does.
     """
     fixed = [v for v in variables if v.shape.is_fully_defined()]
     with tf.device(self._device):
       values = [variable.replicas[0].read_value() for variable in fixed]
-      fixed, values = self._not_alike(fixed, values)
+      fixed, values = self._differing(fixed, values)
       if not self._mesh.is_chief:
         values = [tf.zeros_like(value) for value in values]
       synced = [None] * len(values)
@@ -144,12 +144,12 @@ class Peers:
     if varying:  # (shape=[None]): in a function, where their shapes travel first
       self._send_varying_from_chief(varying)
 
-  def _not_alike(self, variables, values):
+  def _differing(self, variables, values):
     """Those of `variables` (and their `values`) that some worker holds otherwise.
 
     Values every worker computed alike (zeros and constants: an optimizer's
-    slots, biases, batch norm's scales and statistics, half of a ResNet-50
-    and its momentum's 188 MB) need not travel. One collective of a 62-bit
+    slots, biases, batch norm's scales and statistics, about half the bytes of
+    a ResNet-50 and its momentum) need not travel. One collective of a 62-bit
     digest of each value's bytes says which differ; every worker gets the
     same answer, so all pack the same buckets.
     """
@@ -181,7 +181,6 @@ class Peers:
       self._heartbeat.stop()
 
 
-# Set per worker by design, or for logging alone: no kernel computes otherwise.
 def variable_kinds(variables) -> list:
   """Each variable's dtype and shape, as workers compare them ("float32(2,)")."""
   return [f"{v.dtype.name}{v.shape}" for v in variables]

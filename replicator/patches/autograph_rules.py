@@ -12,14 +12,14 @@ trace every module, variable creation included, under
 norm's and dropout's `__call__`) convert themselves (`smart_autograph`).
 Converting them anyway costs the first trace dearly when a module is built in
 it, as replicator builds them (MirroredStrategy's users build theirs eagerly
-first, where nothing is converted): for Sonnet's ResNet-50 the first call took
-7.4 s instead of 11.5-15.0 on a 2-core CPU (docs/design.md, "Lazy
-variables").
+first, where nothing is converted): it is a large part of a lazily built
+model's first trace (docs/design.md, "Patches of TensorFlow and Keras, and
+why"; benchmarks/RESULTS.md, "Time to the first training step").
 
 What stays converted: the user's code, and Sonnet's code that calls it back
 (`snt.Module`'s method wrappers, `snt.once`, `snt.Sequential`, `snt.nets.MLP`'s
 activation, recurrent cores, ...), so a user's module or function that runs
-inside Sonnet's is converted as before. A method that overrides one which
+inside Sonnet's is still converted. A method that overrides one which
 Sonnet's code calls directly (`_initialize` of an `snt.Linear` subclass) runs as
 written too.
 """

@@ -3,7 +3,7 @@
 The fixes patch Keras' TensorFlow backend, only while a step is traced and
 only if Keras is already imported then (the library never imports it for
 you): `patches.registry` lists them. Each is guarded by a test that fails if
-the replicas go wrong again.
+the replicas go wrong.
 
 1. Seeds. Keras random ops (`Dropout`, `keras.random.*`, augmentation layers)
    are stateless ops seeded by a `SeedGenerator` (a replicated variable, the
@@ -16,9 +16,9 @@ the replicas go wrong again.
    sums the changes.
 3. `BatchNormalization(synchronized=True)`. Keras sums its statistics over the
    replicas of the `tf.distribute` replica context, which inside a step is
-   the default one (a single replica): the flag did nothing. Inside a step the
-   sums go through our all-reduce instead, so the statistics are those of the
-   global batch, as under `MirroredStrategy`.
+   the default one (a single replica): the flag would do nothing. Inside a
+   step the sums go through our all-reduce instead, so the statistics are
+   those of the global batch, as under `MirroredStrategy`.
 """
 
 import tensorflow as tf

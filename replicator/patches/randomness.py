@@ -2,9 +2,12 @@
 
 Stateful `tf.random` ops take their seed from TensorFlow's `get_seed`; inside a
 step we fold the replica id into the op seed, so replicas tracing the same code
-with the same seeds still draw different, reproducible streams. Keras' random
-ops get the same treatment in `keras_compat`. `patches.registry` lists what
-these replace, installed only while a step is traced.
+with the same seeds still draw different, reproducible streams. A
+`tf.random.Generator` made in a replicator context hashes the replica id into
+its key in a step, and `ReplicaGenerator` (`Replicator.random_generator`) gives
+every replica a generator of its own, split from one seed. Keras' random ops
+get the same treatment in `keras_compat`. `patches.registry` lists what these
+replace, installed only while a step is traced.
 """
 
 import logging

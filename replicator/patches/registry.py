@@ -3,9 +3,9 @@
 Replicator replaces a few private names of TensorFlow and Keras so that code
 written for one device behaves per replica (`PATCHES`). Each replacement
 differs from the original only on a replica's thread while a step is traced
-(`replica_context.current()`), yet left installed it would still change
-TensorFlow for the rest of the process and for every other user of it. So
-`while_tracing()`, which the compiled step holds around the replicas' trace,
+(`collectives.replica_context.current()`), yet left installed it would still
+change TensorFlow for the rest of the process and for every other user of it.
+So `while_tracing()`, which the compiled step holds around the replicas' trace,
 installs them when the first trace begins and puts the originals back when
 the last one ends. A patch that must also hold outside a trace is installed
 from import on, and its record says why.
@@ -197,8 +197,9 @@ PATCHES = (
           parameters=(), reads=(),
           why="Sonnet's modules that never call the user's code back are written "
           "to be traced without AutoGraph; converting them makes the first "
-          "trace of a step that builds them much slower (docs/design.md, \"Lazy "
-          "variables\"). The user's own tf.functions convert them as before.",
+          "trace of a step that builds them much slower (benchmarks/RESULTS.md, "
+          "\"Time to the first training step\"). The user's own tf.functions "
+          "still convert them.",
           patched_in=_AUTOGRAPH_RULES, make=autograph_rules.with_sonnet_as_written,
           known_for=_TF, undo=autograph_rules.without_sonnet_rules),
     Patch(module=_AUTOGRAPH, name="CONVERSION_RULES", kind="rules",

@@ -696,4 +696,4 @@ def test_gpus_sum_by_nccl_only_where_nccl_takes_the_dtype_and_the_gpus(
   types = [op.type for op in _traced_mean_of_ones(devices, compression).get_operations()]
   assert ("NcclAllReduce" in types) == nccl
   assert ("AddN" in types) == (not nccl)
-  assert reductions.merged_by_collectives(devices) == (not split)
+  assert reductions._by_nccl(devices) == (not split)  # pylint: disable=protected-access
