@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import catalogue
 import replicator
+from replicator.collectives import reductions
 
 
 @pytest.mark.parametrize("name", sorted(catalogue.REPLICATORS))
@@ -171,13 +172,17 @@ def test_cross_replica_batch_norm_with_uneven_batches_equals_the_whole_batch():
 
 
 @pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("at_the_end", [True, False], ids=["collectives", "in-graph sums"])
 def test_moving_statistics_of_global_batch_statistics_merge_like_any_write(
-    name, monkeypatch):
+    name, at_the_end, monkeypatch):
   """The statistics are the global batch's, yet each replica combines the
   gathered ones itself (another worker's CPU may round that by a bit), so the
-  moving averages merge like any write of a step, in the one merge at the
-  step's end. The averages equal snt.BatchNorm's on the whole batch,
-  identical on every replica."""
+  moving averages merge like any write of a step: where merges are
+  collectives, in the one merge at the step's end; in the graph, each at its
+  write. The averages equal snt.BatchNorm's on the whole batch, identical on
+  every replica."""
+  if at_the_end:
+    monkeypatch.setattr(reductions, "merged_by_collectives", lambda devices, workers: True)
   repl = catalogue.make(name)
   n = repl.num_replicas
   rng = np.random.RandomState(3)
@@ -209,9 +214,11 @@ def test_moving_statistics_of_global_batch_statistics_merge_like_any_write(
   averages = cross.moving_mean.variables + cross.moving_variance.variables
   assert collectives[0] == "all_gather of the batch statistics"
   writes = sorted(f"an update of variable {v.name}" for v in averages)
-  # each write meets the others, then one merge of them all
-  assert sorted(collectives[1:-1]) == writes
-  assert collectives[-1] == "the merge of the variables written in the step"
+  if at_the_end:  # each write meets the others, then one merge of them all
+    assert sorted(collectives[1:-1]) == writes
+    assert collectives[-1] == "the merge of the variables written in the step"
+  else:
+    assert sorted(collectives[1:]) == writes
   for ours, theirs in ((cross.moving_mean.value, reference.moving_mean.value),
                        (cross.moving_variance.value, reference.moving_variance.value)):
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)

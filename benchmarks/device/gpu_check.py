@@ -3,8 +3,8 @@
     . /root/tfgpu.env && python3 -m benchmarks.device.gpu_check [--json FILE]
 
 The suite runs on logical CPUs, where a merge between replicas is an `add_n`; on
-several GPUs it is NCCL (`nccl_ops.all_sum`), which runs nowhere but here. Writes
-of a step merge at its end either way. The GPU is
+several GPUs it is NCCL (`nccl_ops.all_sum`) and float moving averages are merged
+once at the step's end (deferred merges). Neither runs anywhere but here. The GPU is
 split into two logical GPUs, TF32 is off (so that float32 sums compare to 1e-5), and
 each check prints PASS or FAIL with its largest error; a check that raises prints
 FAIL with the error, and the others still run. `--cpu` runs the same checks on two
@@ -20,11 +20,13 @@ Checks:
     other.
   compressed_sum_{BF16,FP16,"BF16, float32 sum"}: an all_sum compressed on two GPUs
     against NumPy, within the dtype's rounding and not equal to the float32 sum.
+  two_gpus_snt, merges deferred: the same with merges as between physical GPUs.
   mirrored: MirroredStrategy's default all-reduce on the same two logical GPUs
     (reference: whether NCCL runs on logical GPUs of one physical GPU at all).
 """
 
 import argparse
+import contextlib
 import json
 import time
 import traceback
@@ -271,12 +273,19 @@ def main():
         gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=8192)] * 2)
     devices = ["/device:GPU:0", "/device:GPU:1"]
   print("tf", tf.__version__, "devices", tf.config.list_logical_devices(), flush=True)
-  one_gpu(devices[0])
-  two_gpus_check(devices, "snt")
-  two_gpus_check(devices, "keras")
-  for kind in COMPRESSIONS:
-    compressed_sum(devices, kind)
-  mirrored(devices)
+  import replicator  # pylint: disable=g-import-not-at-top
+  # On logical CPUs merge as between physical GPUs throughout (at the step's end);
+  # logical GPUs of one GPU merge by add_n, as logical CPUs do, but for one check.
+  with (replicator.testing.merges_as_collectives() if args.cpu
+        else contextlib.nullcontext()):
+    one_gpu(devices[0])
+    two_gpus_check(devices, "snt")
+    two_gpus_check(devices, "keras")
+    with replicator.testing.merges_as_collectives():
+      two_gpus_check(devices, "snt, merges deferred")
+    for kind in COMPRESSIONS:
+      compressed_sum(devices, kind)
+    mirrored(devices)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"command": "python3 -m benchmarks.device.gpu_check"

@@ -57,6 +57,13 @@ def _by_nccl(devices: Sequence[str], dtype: tf.DType = tf.float32) -> bool:
           and dtype in _NCCL_DTYPES and not _gpus_split())
 
 
+def merged_by_collectives(devices: Sequence[str], workers=None) -> bool:
+  """Whether a sum over these replicas takes collective kernels (NCCL between
+  GPUs, a ring between workers), each a launch or a round trip, rather than an
+  `add_n` in the graph."""
+  return _by_nccl(devices) or (workers is not None and workers.num_workers > 1)
+
+
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
          devices: Sequence[str], workers=None, ordering_token=None,
          finish=None, finish_on_each_device: bool = False) -> List[tf.Tensor]:

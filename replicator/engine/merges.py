@@ -29,7 +29,8 @@ class MergeAtWrite(Exception):
 class DeferredMerges:
   """Variable writes of one step trace whose merge waits for the step's end.
 
-  A variable averaged over replicas (`snt.BatchNorm`'s moving averages,
+  Where merges are collectives (`reductions.merged_by_collectives`), a
+  variable averaged over replicas (`snt.BatchNorm`'s moving averages,
   spectral norm's `u`) or taking the first replica's value (a counter) is
   written on each replica's copy alone, and the copies are merged once, all
   in one rendezvous, after step_fn returns (`merge_deferred`): between

@@ -19,6 +19,7 @@ from tensorflow.python.eager import record
 from tensorflow.python.framework import tensor_conversion_registry
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
+from tensorflow.python.types import core
 
 from replicator.engine import merges
 from replicator.collectives import reductions
@@ -39,8 +40,13 @@ def _reduce_op(aggregation, dtype):
   return reduce_options.ReduceOp.MEAN
 
 
-class ReplicatedVariable(tf.Variable):
-  """A `tf.Variable` with one copy on each local replica's device."""
+class ReplicatedVariable(tf.Variable, core.Tensor):
+  """A `tf.Variable` with one copy on each local replica's device.
+
+  A `core.Tensor`, as a `tf.Variable` and tf.distribute's variables are, so
+  that `tf.is_tensor` is true for it and TensorFlow's ops take it where they
+  check for a tensor (`tf.nn.dropout`'s `rate`, say).
+  """
 
   def __init__(self, primary: tf.Variable, devices: Sequence[str],
                aggregation=_Aggregation.NONE):
@@ -198,15 +204,20 @@ class ReplicatedVariable(tf.Variable):
   def _defers(self, replica) -> bool:
     """Whether this write's merge waits for the step's end (`merges.DeferredMerges`).
 
-    A mean's and a first replica's value's do: the merge of what each
-    replica's writes leave, one for all the step's writes (between GPUs or
-    workers, one launch or round trip instead of one per write). Not inside
-    a `tf.cond` or loop of step_fn, where the end could not follow, nor for
-    booleans, which no all-reduce takes.
+    A mean's and a first replica's value's may: the merge of what each
+    replica's writes leave, one for all the step's writes where merges are
+    collectives (between GPUs or workers: one launch or round trip instead of
+    one per write). Where they are sums in the graph (the CPUs of one worker)
+    each merges at its write: packing them only adds ops that Grappler pays
+    for in the first step (benchmarks.first_step).
+    Not inside a `tf.cond` or loop of step_fn, where the end could not
+    follow, nor for booleans, which no all-reduce takes.
     """
+    group = replica.group
     return (self._reduce_op in (reduce_options.ReduceOp.MEAN, None)
             and not self._merge_at_write and self.dtype != tf.bool
-            and tf.compat.v1.get_default_graph() is replica.group.step_graph)
+            and reductions.merged_by_collectives(group.devices, group.workers)
+            and tf.compat.v1.get_default_graph() is group.step_graph)
 
   def _aggregate(self, replica, value, defer: bool = False):
     group = replica.group

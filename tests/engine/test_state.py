@@ -65,13 +65,17 @@ def test_float_assignments_average_and_integers_advance_once(name):
   repl.assert_replicas_in_sync([stat, counter, total])
 
 
+@pytest.mark.parametrize("collective", [True, False], ids=["collectives", "in-graph sums"])
 @pytest.mark.parametrize("name", catalogue.MULTI)
-def test_every_aggregated_write_is_merged(name, monkeypatch):
+def test_every_aggregated_write_is_merged(name, collective, monkeypatch):
   # snt.BatchNorm's step counter and debiased average are updates every
   # replica computes alike: they are merged all the same (no write is assumed
-  # equal on every replica). Every one of them waits for the end of the step:
-  # the means in one packed all-reduce, the integer in another (a sum in which
-  # every replica but the first gives zeros).
+  # equal on every replica). Where merges are collectives every one of them
+  # waits for the end of the step: the means in one packed all-reduce, the
+  # integer in another (a sum in which every replica but the first gives
+  # zeros); in the graph each merges at its write (the integer by broadcast).
+  if collective:
+    _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
   merges = []
@@ -95,9 +99,12 @@ def test_every_aggregated_write_is_merged(name, monkeypatch):
     from_sum.assign(repl.all_sum(tf.cast(repl.replica_id, tf.float32)))
 
   repl.run(step_fn, steps=3)
-  # the all_sum; at the end, the four means, then the counter (`scaled` reads
-  # the counter its own replica wrote: the same on every replica)
-  assert merges == [("all_reduce", 1), ("all_reduce", 4), ("all_reduce", 1)]
+  if collective:  # the all_sum; at the end, the four means, then the counter
+    assert merges == [("all_reduce", 1), ("all_reduce", 4), ("all_reduce", 1)]
+  else:  # each at its write, in step_fn's order
+    assert merges == [("broadcast", 1), ("all_reduce", 1), ("all_reduce", 1),
+                      ("all_reduce", 1), ("all_reduce", 1), ("all_reduce", 1)]
+  # (deferred, `scaled` reads the counter its own replica wrote: the same)
   assert int(counter) == 3 and float(scaled) == 19.0  # 1 -> 3 -> 8 -> 19
   np.testing.assert_allclose(debiased.numpy(), np.array([0.5, 0.25]) / (1 - 0.9 ** 3),
                              rtol=1e-6)
@@ -106,12 +113,23 @@ def test_every_aggregated_write_is_merged(name, monkeypatch):
   repl.assert_replicas_in_sync([counter, scaled, debiased, per_replica, from_sum])
 
 
+def _merged_by_collectives(monkeypatch):
+  """Local replicas on logical CPUs merged as on GPUs or several workers, where
+  a merge is a collective and waits for the end of the step (the same code
+  but for the kernel; test_multiworker's agree.py runs it between workers)."""
+  monkeypatch.setattr(reductions, "merged_by_collectives", lambda devices, workers: True)
+
+
+@pytest.mark.parametrize("collective", [True, False], ids=["collectives", "in-graph sums"])
 @pytest.mark.parametrize("name", catalogue.MULTI)
-def test_float_writes_merge_once_at_the_end_of_the_step(name, monkeypatch):
+def test_float_writes_merge_once_at_the_end_of_the_step(name, collective, monkeypatch):
   # snt.BatchNorm's moving averages: a hidden average written, then read into
-  # the debiased one. Both wait for the step's end and are averaged there
-  # together, in one all-reduce (between workers: one round trip, not two a
-  # statistic).
+  # the debiased one. Where merges are collectives both wait for the step's
+  # end and are averaged there together, in one all-reduce (between workers:
+  # one round trip, not two a statistic); where they are sums in the graph,
+  # each merges at its write.
+  if collective:
+    _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
   calls = []
@@ -130,8 +148,8 @@ def test_float_writes_merge_once_at_the_end_of_the_step(name, monkeypatch):
     other.assign(r * r)
 
   repl.run(step_fn, steps=2)
-  # one all-reduce of the three variables, once in the trace
-  assert calls == [3]
+  # one all-reduce of the three variables, once in the trace; or one at each write
+  assert calls == ([3] if collective else [1, 1, 1])
   h, d = np.array([1.0, 2.0]), None
   for _ in range(2):  # the mean of what each replica's writes leave
     finals = [h - (h - r) * 0.5 for r in range(n)]
@@ -161,6 +179,7 @@ def test_a_read_after_a_write_that_reaches_the_step_sees_the_merged_value(
   # the step is traced again with that variable merged where it is written:
   # every replica reads the mean, as a merge at the write gives. (Deferred,
   # each replica would read its own value, and the outputs would differ.)
+  _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
   with repl.context():
@@ -192,6 +211,7 @@ def test_a_read_after_a_write_that_reaches_the_step_sees_the_merged_value(
 def test_a_variable_made_in_the_first_step_and_read_after_its_write_is_made_once(
     monkeypatch):
   # The second trace (merging at the write) finds the module built by the first.
+  _merged_by_collectives(monkeypatch)
   repl = catalogue.make("multi_gpu_2")
 
   class Stat(snt.Module):
