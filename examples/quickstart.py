@@ -9,7 +9,6 @@ the same up to float rounding. Data: the Debian `dataset-fashion-mnist`
 package, or random images with `--data=synthetic`.
 """
 
-import gzip
 import os
 
 from absl import app
@@ -19,6 +18,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
+from examples import idx
 
 FLAGS = flags.FLAGS
 
@@ -36,10 +36,8 @@ def define_flags():
 
 def load_fashion_mnist(data_dir):
   """Training images (N, 784) in [0, 1] and labels, from the gzipped IDX files."""
-  with gzip.open(os.path.join(data_dir, "train-images-idx3-ubyte.gz")) as f:
-    images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
-  with gzip.open(os.path.join(data_dir, "train-labels-idx1-ubyte.gz")) as f:
-    labels = np.frombuffer(f.read(), np.uint8, offset=8)
+  images = idx.read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz")).reshape(-1, 784)
+  labels = idx.read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
   return images.astype(np.float32) / 255.0, labels.astype(np.int32)
 
 

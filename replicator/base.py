@@ -27,9 +27,11 @@ from replicator.engine import step_checks
 from replicator.inputs import fetch
 from replicator.engine import steps as steps_lib
 from replicator.engine import creation
+from replicator.engine import interrupts
 from replicator.mesh import Mesh
 
 ReduceOp = reduce_options.ReduceOp
+_MAX_STEPS = 2**63 - 1
 
 
 class Replicator:
@@ -180,8 +182,11 @@ class Replicator:
           "it, and pass steps=k to run k steps in one compiled call.")
     if not callable(step_fn):
       raise TypeError(f"step_fn: expected a callable, got {step_fn!r}.")
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-      raise ValueError(f"steps: expected an int >= 1, got {steps!r}.")
+    if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or
+        not 1 <= steps <= _MAX_STEPS):
+      raise ValueError(
+          f"steps: expected an int in [1, 2**63 - 1] (the compiled loop counts "
+          f"steps in an int64), got {steps!r}. Pass the number of steps to run.")
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
     iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
@@ -198,25 +203,8 @@ class Replicator:
       self._steps[(step_fn, input_fn)] = compiled
       streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
       streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
-    try:
-      completed, outputs, status = compiled(iterator, int(steps), args)
-    except step_checks.ProgramsDiffer:
-      del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
-      raise
-    except tf.errors.OpError as error:
-      unsupported = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
-                     if self._jit_compile else None)
-      if unsupported is not None:
-        raise unsupported from error
-      shapes = step_checks.output_shape_error(error, step_fn)
-      if shapes is not None:
-        raise shapes from error
-      self._raise_if_worker_lost(error)
-      raise
-    completed = int(completed)
-    self._steps_completed += completed
-    if input_fn is not None:
-      self._inputs.count_steps(input_fn, completed)
+    completed, outputs, status = self._run_counted(compiled, step_fn, input_fn,
+                                                   iterator, int(steps), args)
     # Where the workers differ (without input, after the first step):
     ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
     if int(status) == fetch.STEPS_DIFFER:
@@ -246,6 +234,54 @@ class Replicator:
       raise errors.InputExhausted(completed, outputs if completed else None,
                                    uneven_batches=uneven)
     return outputs
+
+  def _run_counted(self, compiled, step_fn, input_fn, iterator, steps: int, args):
+    """`compiled`'s `(completed, outputs, status)` for `steps` steps, counted.
+
+    SIGINT and SIGTERM end a call of several steps between two steps
+    (`engine.interrupts`; on several workers, every worker's at the same step,
+    and every worker handles the signal), and their handlers run once its
+    steps are counted. Where none raises (a handler that only takes note), the
+    remaining steps run in a further call, as Python retries a system call that
+    a signal interrupted (PEP 475). `outputs` are those of the last step that
+    ran (None if none did).
+    """
+    completed, outputs = 0, None
+    while True:
+      hold = interrupts.Hold(compiled.stop_flag) if steps - completed > 1 else None
+      signum = 0  # the signal that stopped the call, on this worker or another
+      try:
+        ran, last, status = self._call(compiled, step_fn, input_fn, iterator,
+                                       steps - completed, args, hold)
+        ran = int(ran)
+        self._steps_completed += ran
+        if input_fn is not None:
+          self._inputs.count_steps(input_fn, ran)
+        signum = fetch.signal_of(int(status))
+      finally:
+        if hold is not None:
+          hold.release(also=signum)  # the signals' handlers run here
+      completed, outputs = completed + ran, last if ran else outputs
+      if not signum or completed == steps:
+        return completed, outputs, status
+
+  def _call(self, compiled, step_fn, input_fn, iterator, steps: int, args, hold):
+    """One call of `compiled`, its TensorFlow errors explained."""
+    try:
+      return compiled(iterator, steps, args, hold)
+    except step_checks.ProgramsDiffer:
+      del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
+      raise
+    except tf.errors.OpError as error:
+      unsupported = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
+                     if self._jit_compile else None)
+      if unsupported is not None:
+        raise unsupported from error
+      shapes = step_checks.output_shape_error(error, step_fn)
+      if shapes is not None:
+        raise shapes from error
+      self._raise_if_worker_lost(error)
+      raise
 
   def _across_workers(self, values, merge_op: str) -> np.ndarray:
     """`values` (int64s) merged over the workers with `merge_op`, eagerly.

@@ -14,6 +14,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from replicator import base
 from replicator import mesh as mesh_lib
 from replicator import optimizers
+from replicator.collectives import replica_context
 from replicator.inputs import positions
 
 POINTER = "latest.json"
@@ -77,14 +78,49 @@ class Checkpointer:
     return self._directory
 
   def _read_pointer(self) -> Optional[dict]:
+    """The pointer file's contents (None if absent); raises if they are not a pointer."""
     path = os.path.join(self._directory, POINTER)
     if not tf.io.gfile.exists(path):
       return None
-    with tf.io.gfile.GFile(path) as f:
-      return json.load(f)
+    with tf.io.gfile.GFile(path, "rb") as f:
+      raw = f.read()
+    try:
+      pointer = json.loads(raw)
+    except ValueError as e:  # also bytes that are not UTF-8
+      raise self._corrupt(path, f"not JSON ({e}): {raw[:80]!r}") from None
+    if not isinstance(pointer, dict):
+      raise self._corrupt(path, f"a {type(pointer).__name__}, not a JSON object")
+    for key in ("step", "checkpoint"):
+      if key not in pointer:
+        raise self._corrupt(path, f"no {key!r} key (it has {sorted(pointer)})")
+    step, name = pointer["step"], pointer["checkpoint"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+      raise self._corrupt(path, f"'step': {step!r}, not an int >= 0")
+    if not isinstance(name, str) or _step_of(name) is None:
+      raise self._corrupt(path, f"'checkpoint': {name!r}, not a name ckpt-<step>-<id>")
+    kept = pointer.get("all", [])
+    if not isinstance(kept, list) or not all(_step_of(n) is not None for n in kept):
+      raise self._corrupt(path, f"'all': {kept!r}, not a list of names ckpt-<step>-<id>")
+    return pointer
+
+  def _corrupt(self, path: str, found: str) -> ValueError:
+    """The error of a pointer file that cannot be read, listing what it could point to."""
+    names = sorted({os.path.basename(f)[:-len(".index")] for f in tf.io.gfile.glob(
+        os.path.join(self._directory, "ckpt-*.index"))}, key=lambda n: (_step_of(n) or 0, n))
+    example = names[-1] if names else "ckpt-<step>-<id>"
+    return ValueError(
+        f"{path}: expected the pointer file {POINTER} that Checkpointer.save writes, "
+        f"found {found}. Nothing was restored, written or deleted. The checkpoints in "
+        f"{self._directory!r} are {names or 'none'}; restore_latest restores the one "
+        f"the pointer names, so repair the file to name one, e.g. {{\"step\": "
+        f"{_step_of(example) if names else '<step>'}, \"checkpoint\": \"{example}\"}}, "
+        f"or delete {POINTER} to start over (the next save then deletes the "
+        "checkpoints it does not name: move them away first to keep them).")
 
   @property
   def latest_step(self) -> Optional[int]:
+    _check_outside_steps("latest_step", "read checkpointer.latest_step between repl.run "
+                         "calls, outside step_fn and any tf.function")
     pointer = self._read_pointer()
     return None if pointer is None else int(pointer["step"])
 
@@ -94,6 +130,8 @@ class Checkpointer:
     On several workers every worker returns once the chief's checkpoint is
     visible, so a `restore_latest` right after finds it on every worker.
     """
+    _check_outside_steps("save", "call checkpointer.save(step) between repl.run calls, "
+                         "outside step_fn and any tf.function")
     if (isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer))
         or step < 0):
       raise ValueError(f"step: expected an int >= 0, got {step!r}.")
@@ -104,10 +142,10 @@ class Checkpointer:
     return path
 
   def _write(self, step: int) -> str:
+    previous = self._read_pointer() or {"all": []}  # a corrupt one fails before writing
     tf.io.gfile.makedirs(self._directory)
     name = f"ckpt-{step}-{uuid.uuid4().hex[:12]}"
     path = self._checkpoint.write(os.path.join(self._directory, name))
-    previous = self._read_pointer() or {"all": []}
     superseded = [p for p in previous.get("all", []) if _step_of(p) == step]
     kept = [p for p in previous.get("all", []) if p not in superseded] + [name]
     pointer = {"step": step, "checkpoint": name, "all": kept[-self._max_to_keep:],
@@ -124,12 +162,22 @@ class Checkpointer:
     """Deletes the `dropped` checkpoints and any other of ours not in `kept`.
 
     Others of ours (a unique name that no pointer names) are left by a save
-    that crashed before its pointer was written.
+    that crashed before its pointer was written: its files, the folder
+    `<name>_temp` where TensorFlow writes the shards before merging them, and
+    the copy of the pointer that was to replace it.
     """
     for file in tf.io.gfile.glob(os.path.join(self._directory, "ckpt-*")):
       name = os.path.basename(file).split(".")[0]
-      if name in dropped or (_is_unique_name(name) and name not in kept):
+      shards = name.endswith(_SHARDS_FOLDER)
+      name = name[:-len(_SHARDS_FOLDER)] if shards else name
+      if not (name in dropped or (_is_unique_name(name) and name not in kept)):
+        continue
+      if not tf.io.gfile.isdir(file):
         tf.io.gfile.remove(file)
+      elif shards:  # TensorFlow's folder only, never another directory
+        tf.io.gfile.rmtree(file)
+    for file in tf.io.gfile.glob(os.path.join(self._directory, f".{POINTER}.tmp-*")):
+      tf.io.gfile.remove(file)  # this save's own copy was renamed before
 
   def restore_latest(self, *, allow_missing=()) -> Optional[int]:
     """Restores the newest complete checkpoint; returns its step (None if none).
@@ -144,12 +192,19 @@ class Checkpointer:
 
     Raises:
       ValueError: a name given to the constructor is not in the checkpoint
-        (nor in `allow_missing`), or (on several workers, raised on every one)
-        the workers do not see the same newest checkpoint: the directory is
-        not shared.
+        (nor in `allow_missing`), `latest.json` is not a pointer that `save`
+        wrote, or (on several workers, raised on every one) the workers do
+        not see the same newest checkpoint: the directory is not shared.
+      RuntimeError: called inside `step_fn` or a `tf.function`.
     """
+    _check_outside_steps("restore_latest", "call checkpointer.restore_latest() before "
+                         "the repl.run calls, outside step_fn and any tf.function")
     allow_missing = self._check_allow_missing(allow_missing)
-    pointer = self._read_pointer()
+    try:
+      pointer = self._read_pointer()
+    except ValueError:  # the others must not wait for this worker in the check
+      self._check_workers_agree(_UNREADABLE)
+      raise
     self._check_workers_agree(None if pointer is None else int(pointer["step"]))
     if pointer is None:
       return None
@@ -173,7 +228,8 @@ class Checkpointer:
     low, negated_high = workers._across_workers([mine, -mine], "Min")  # pylint: disable=protected-access
     if low == -negated_high:
       return
-    seen = lambda s: "none" if s < 0 else f"step {s}"
+    seen = lambda s: ("none" if s == -1 else f"an unreadable {POINTER}"
+                      if s == _UNREADABLE else f"step {s}")
     raise ValueError(
         f"directory: the workers see different newest checkpoints in "
         f"{self._directory!r} (this worker, {workers.mesh.worker_index}: "
@@ -245,6 +301,25 @@ def _is_optimizer(trackable) -> bool:
 
 
 _NAME = re.compile(r"^ckpt-(\d+)(-[0-9a-f]{12})?$")  # suffixed: a unique name
+# TensorFlow's checkpoint writer puts the shards of `<prefix>` in this folder,
+# `<prefix>_temp/part-<shard>-of-<shards>.*`, then merges them into `<prefix>.*`
+# and deletes the folder (python/checkpoint/functional_saver.py).
+_SHARDS_FOLDER = "_temp"
+_UNREADABLE = -2  # the step a worker reports when its pointer file is corrupt
+
+
+def _check_outside_steps(method: str, fix: str):
+  """Raises inside step_fn or a tf.function, where files must not be touched.
+
+  There the pointer would be written while the step is traced (once per
+  replica, before any value exists), and the traced write of the data would
+  then replace that checkpoint's files at every step.
+  """
+  if replica_context.current() is not None or tf.inside_function():
+    raise RuntimeError(
+        f"{method}: called inside step_fn or a tf.function, where it would run once "
+        "while the step is traced instead of when the step runs. Checkpointer reads "
+        f"and writes files from plain Python: {fix}.")
 
 
 def _step_of(name: str) -> Optional[int]:

@@ -189,25 +189,66 @@ def workers_in_tf_config() -> int:
   return len(found[0]) if found else 1
 
 
+_TF_CONFIG_SHAPE = ('{"cluster": {"worker": ["host:port", ...]}, '
+                    '"task": {"type": "worker", "index": 0}}')
+
+
+def _tf_config_error(key: Optional[str], found: str) -> ValueError:
+  """`key` None: the whole of TF_CONFIG."""
+  return ValueError(
+      f"TF_CONFIG: {'it' if key is None else repr(key)} {found}; expected {_TF_CONFIG_SHAPE} (a 'chief' "
+      "list beside 'worker' is worker 0). Set TF_CONFIG to that shape on every "
+      "worker, each with its own index, or start the workers with "
+      "`python -m replicator.launch`.")
+
+
+def _addresses(cluster, job: str) -> tuple:
+  addresses = cluster.get(job, [])
+  if (not isinstance(addresses, (list, tuple)) or
+      not all(isinstance(a, str) for a in addresses)):
+    raise _tf_config_error(f"cluster.{job}", f"is {addresses!r}, not a list of "
+                           "'host:port' strings")
+  return tuple(addresses)
+
+
 def _from_tf_config(raw: str):
   """`(addresses, index)` of the cluster in a TF_CONFIG string, or None."""
   if not raw:
     return None
   try:
     config = json.loads(raw)
-    cluster, task = config.get("cluster", {}), config.get("task", {})
-  except (ValueError, AttributeError) as error:
+  except ValueError as error:
     raise ValueError(f"TF_CONFIG: not valid JSON ({error}): {raw!r}") from error
-  addresses = tuple(cluster.get("chief", [])) + tuple(cluster.get("worker", []))
+  if not isinstance(config, dict):
+    raise _tf_config_error(None, f"is a {type(config).__name__}, not an object")
+  cluster = config.get("cluster", {})
+  if not isinstance(cluster, dict):
+    raise _tf_config_error("cluster", f"is a {type(cluster).__name__} ({cluster!r}), "
+                           "not an object of jobs")
+  chiefs = _addresses(cluster, "chief")
+  addresses = chiefs + _addresses(cluster, "worker")
   if len(addresses) < 2:
     return None
+  # Without its task, every worker would take itself for the chief.
+  if "task" not in config:
+    raise _tf_config_error("task", "is missing, so this worker's place in the "
+                           "cluster is unknown")
+  task = config["task"]
+  if not isinstance(task, dict):
+    raise _tf_config_error("task", f"is a {type(task).__name__} ({task!r}), not an object")
   kind = task.get("type", "worker")
   if kind not in ("chief", "worker"):
     raise ValueError(
         f"TF_CONFIG: task type {kind!r} is not supported; use 'worker' (or "
         "'chief' for worker 0).")
-  offset = len(cluster.get("chief", [])) if kind == "worker" else 0
-  return addresses, offset + int(task.get("index", 0))
+  index = task.get("index", 0)
+  if isinstance(index, str) and index.isdigit():  # "1" names worker 1 too
+    index = int(index)
+  jobs = len(chiefs) if kind == "chief" else len(addresses) - len(chiefs)
+  if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < jobs:
+    raise _tf_config_error("task.index", f"is {index!r}, not an int in [0, {jobs}) "
+                           f"(the {kind} list's positions)")
+  return addresses, (len(chiefs) if kind == "worker" else 0) + index
 
 
 def _from_resolver(resolver):

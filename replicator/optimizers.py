@@ -193,6 +193,10 @@ class ReplicatedOptimizer(tf.Module):
           f"updates/parameters: got {len(grads)} gradients for "
           f"{len(variables)} variables; pass one gradient (or None) per "
           "variable, e.g. tape.gradient(loss, variables).")
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if not present:
+      raise ValueError(self._no_gradient_message(grads, variables))
+    grads = self._checked_dtypes(grads, variables)
     if self._kind == "sonnet":
       variables = [_as_tf_variable(v) for v in variables]
     elif not self._base.built:
@@ -201,9 +205,6 @@ class ReplicatedOptimizer(tf.Module):
       with keras.name_scope(self._base.name, caller=self._base):
         self._base.build(variables)
       self._base.built = True
-    present = [i for i, g in enumerate(grads) if g is not None]
-    if not present:
-      return None
     replica = replica_context.current()
     if replica is None:  # outside a step: a plain update of every copy
       return self._base_apply(grads, variables)
@@ -220,6 +221,51 @@ class ReplicatedOptimizer(tf.Module):
       if self._accumulate_steps == 1:
         return self._update(grads, variables)
       return self._accumulate(grads, variables)
+
+  def _no_gradient_message(self, grads, variables) -> str:
+    """Why an apply that would change nothing is an error (as on one device)."""
+    argument = "updates" if self._kind == "sonnet" else "grads"
+    if not variables:
+      given = ("apply got no variables, so none would change (a model's "
+               "trainable_variables read before its first call, which creates "
+               "them, is empty)")
+    else:
+      more = ", ..." if len(variables) > 3 else ""
+      named = ", ".join(getattr(v, "name", "?") for v in variables[:3])
+      given = (f"every gradient is None ({len(grads)} of them, for "
+               f"[{named}{more}]), so no variable would change: the loss does "
+               "not depend on the variables")
+    return (f"{argument}: {given}. Check the tape: compute the loss inside "
+            "`with tf.GradientTape() as tape:` from the model's output, call "
+            "the model before reading its variables, and pass "
+            "tape.gradient(loss, variables) with those variables.")
+
+  def _checked_dtypes(self, grads, variables):
+    """`grads`, each of a dtype its variable can take, or a TypeError.
+
+    An integer gradient of a float variable cannot be averaged over replicas
+    ("ReduceOp.MEAN needs floating values"). On one device a Keras optimizer
+    casts it to the variable's dtype, and so does this; a Sonnet optimizer
+    refuses it, and so does this, naming both dtypes.
+    """
+    checked = list(grads)
+    for i, (grad, variable) in enumerate(zip(grads, variables)):
+      grad_dtype = getattr(grad, "dtype", None)
+      if grad is None or grad_dtype is None:
+        continue
+      grad_dtype, dtype = tf.as_dtype(grad_dtype), tf.as_dtype(variable.dtype)
+      if (grad_dtype.is_floating or grad_dtype.is_complex or
+          not (dtype.is_floating or dtype.is_complex)):
+        continue
+      if self._kind == "keras":
+        checked[i] = _cast(grad, dtype)
+        continue
+      raise TypeError(
+          f"updates: the gradient of variable {variable.name!r} is "
+          f"{grad_dtype.name}, but the variable is {dtype.name}; an update "
+          "must have its variable's dtype. Cast the gradient: "
+          f"tf.cast(grad, tf.{dtype.name}).")
+    return checked
 
   def _update(self, grads, variables):
     if self._clip_global_norm is not None:
@@ -305,6 +351,13 @@ class _ParameterLists:
   def add(self, variables, count, accumulators):
     self._lists.append((frozenset(id(v) for v in variables), list(variables),
                         count, list(accumulators)))
+
+
+def _cast(grad, dtype):
+  if isinstance(grad, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices,
+                            grad.dense_shape)
+  return tf.cast(grad, dtype)
 
 
 def _names(variables) -> str:

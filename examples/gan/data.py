@@ -13,7 +13,6 @@ Sources, by the ``dataset`` name of a config:
 * ``folder``: ``data_dir/<class name>/<image>``; classes sorted by name.
 """
 
-import gzip
 import os
 from typing import Callable, Optional, Tuple
 
@@ -21,37 +20,22 @@ import numpy as np
 import tensorflow as tf
 
 import replicator
+from examples import idx
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                          "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4",
-               0x0D: ">f4", 0x0E: ">f8"}
 
 Decoder = Callable[..., Tuple[tf.Tensor, tf.Tensor]]
-
-
-def read_idx(path: str) -> np.ndarray:
-  """Reads a (possibly gzipped) IDX file, the format of MNIST-like data sets."""
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    data = f.read()
-  if data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
-    raise ValueError(f"{path} is not an IDX file (magic {data[:4].hex()}).")
-  ndim = data[3]
-  shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big")
-                for i in range(ndim))
-  array = np.frombuffer(data, dtype=_IDX_DTYPES[data[2]], offset=4 + 4 * ndim)
-  return array.reshape(shape)
 
 
 def load_fashion_mnist(split: str, data_dir: Optional[str] = None):
   """Returns ``(images uint8 [N, 28, 28], labels int32 [N])``."""
   prefix = {"train": "train", "test": "t10k"}[split]
   data_dir = data_dir or FASHION_MNIST_DIR
-  images = read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"))
-  labels = read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"))
+  images = idx.read_idx(os.path.join(data_dir, f"{prefix}-images-idx3-ubyte.gz"))
+  labels = idx.read_idx(os.path.join(data_dir, f"{prefix}-labels-idx1-ubyte.gz"))
   return images, labels.astype(np.int32)
 
 

@@ -13,7 +13,6 @@ evaluated; `train.py` checks it against the declared size of the evaluation set.
 """
 
 import dataclasses
-import gzip
 import os
 from typing import Callable, Optional, Tuple
 
@@ -22,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 import replicator
+from examples import idx
 from examples.resnet import imagenet
 from examples.resnet import sharding
 
@@ -41,17 +41,6 @@ class DatasetInfo:
 # Fashion-MNIST: arrays in memory, augmented a batch at a time.
 
 
-def read_idx(path: str) -> np.ndarray:
-  """Reads a (gzipped) IDX file, the format of MNIST and Fashion-MNIST."""
-  with tf.io.gfile.GFile(path, "rb") as f:
-    data = f.read()
-  if path.endswith(".gz"):
-    data = gzip.decompress(data)
-  ndim = data[3]
-  shape = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-  return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
-
-
 def load_fashion_mnist(data_dir: str, is_training: bool):
   prefix = "train" if is_training else "t10k"
   paths = [os.path.join(data_dir, f"{prefix}-{kind}-idx{ndim}-ubyte.gz")
@@ -63,7 +52,7 @@ def load_fashion_mnist(data_dir: str, is_training: bool):
         "directory of the gzipped IDX files (train-images-idx3-ubyte.gz, ..., "
         f"t10k-labels-idx1-ubyte.gz), or install them under {FASHION_MNIST_DIR} "
         "(apt-get install dataset-fashion-mnist).")
-  images, labels = read_idx(paths[0]), read_idx(paths[1])
+  images, labels = idx.read_idx(paths[0]), idx.read_idx(paths[1])
   return images[..., None], labels.astype(np.int32)
 
 

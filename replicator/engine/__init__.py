@@ -9,5 +9,6 @@
 - `step_checks`: the errors of a step that cannot run, and the program check.
 - `effects`: what in a traced step has effects, and the gate that holds them.
 - `steps`: `CompiledStep`, k steps of every replica in one call.
+- `interrupts`: SIGINT and SIGTERM end a call of several steps between two steps.
 - `divergence`: whether the copies still agree.
 """

@@ -5,10 +5,14 @@ is called after a gate that raises `OutOfRangeError` when they did not; every
 op of the step with effects waits for the gate, reads and arithmetic may
 start earlier. Stateful random ops keep their state in their kernels, so a
 step that has them always runs in the loop (one stream per compiled step).
+Summaries are effects too: only the job's replica 0 records them.
 """
+
+import contextlib
 
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
+from tensorflow.python.ops import summary_ops_v2
 
 from replicator.engine import creation
 
@@ -34,13 +38,34 @@ def draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
   return False
 
 
-# The gate's op (`CompiledStep._gate`): its OutOfRangeError means the data ran out.
+# The gate's op (`Gate`): its OutOfRangeError means the data ran out.
 RAN_OUT = "replicator_input_ran_out"
 GATE_SPEC = tf.TensorSpec([], tf.int64)
 
 
 def open_gate() -> tf.Tensor:
   return tf.constant(0, tf.int64)  # the gate where nothing is held
+
+
+class Gate:
+  """Makes tensors that raise `OutOfRangeError` (from an op in `RAN_OUT`) unless ready.
+
+  The `get_next` of an empty iterator (one per compiled step, made at its
+  first gate) is the cheapest op that raises it.
+  """
+
+  def __init__(self):
+    self._empty = None
+
+  def __call__(self, ready: tf.Tensor) -> tf.Tensor:
+    if self._empty is None:
+      with tf.init_scope(), tf.device("/cpu:0"):
+        self._empty = iter(tf.data.Dataset.range(0))
+
+    def ran_out():
+      with tf.name_scope(RAN_OUT):
+        return self._empty.get_next()
+    return tf.cond(ready, lambda: tf.constant(0, tf.int64), ran_out)
 
 
 def hold_effects(ops, gate: tf.Tensor):
@@ -59,3 +84,31 @@ def hold_effects(ops, gate: tf.Tensor):
       with tf.device(device):
         held[device] = tf.identity(gate).op
     op._add_control_inputs([held[device]])  # pylint: disable=protected-access
+
+
+def summary_state() -> tuple:
+  """This thread's summary writer, step and recording condition.
+
+  TensorFlow keeps them per thread, and the replicas are traced on threads
+  of their own: without them, a writer made the default around `run` would
+  record nothing in a step.
+  """
+  state = summary_ops_v2._summary_state  # pylint: disable=protected-access
+  return state.writer, state.step, state.is_recording
+
+
+@contextlib.contextmanager
+def summaries(state: tuple, records: bool):
+  """In a replica's thread: the tracing thread's summary `state`; `records`
+  only on the job's replica 0, so that a step records each summary once, as
+  tf.distribute does (a writer made the default inside step_fn included)."""
+  current = summary_ops_v2._summary_state  # pylint: disable=protected-access
+  saved = (current.writer, current.step, current.is_recording,
+           current.is_recording_distribution_strategy)
+  current.writer, current.step, current.is_recording = state
+  current.is_recording_distribution_strategy = records
+  try:
+    yield
+  finally:
+    (current.writer, current.step, current.is_recording,
+     current.is_recording_distribution_strategy) = saved

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from replicator import errors
 from replicator.collectives import between_workers
+from replicator.collectives import replica_context
 from replicator.multiworker import peers
 from replicator.engine import registry
 from replicator.engine import variables
@@ -101,6 +102,28 @@ def data_dependent_initializer(error, step_fn) -> ValueError:
       "run: call the module once on a sample batch inside `with "
       "repl.context():`, or create it with a placeholder value and assign "
       f"the data's value in the step. ({str(error).splitlines()[0][:300]})")
+
+
+def created_on_another_replica(replica: int, first: int, what: str) -> str:
+  """The error for `what`, made by replica `replica` in the first trace.
+
+  Replica `first` (this worker's first) makes every variable in that trace.
+  """
+  collective = replica_context.current().group.last_collective
+  causes = ("step_fn branches on the replica id around it"
+            if collective is None else
+            f"step_fn checked whether to create it (a module's first call, `if "
+            f"self.v is None`) before a collective ({collective}) and created it "
+            f"after: the replicas are traced in turn from one collective to the "
+            f"next, so replica {replica} checked before replica {first} had made "
+            f"it. Create such variables before the step's first collective (with a "
+            f"placeholder value, assigning the collective's result to them on "
+            f"the first step), or inside repl.context(). Or "
+            f"step_fn branches on the replica id around it")
+  return (f"step_fn created {what} on replica {replica} in its first run, where "
+          f"replica {first} makes every variable for all replicas and the others "
+          f"find them made; replica {replica} did not. Either {causes}: take the "
+          "same path on every replica.")
 
 
 class ProgramsDiffer(ValueError):

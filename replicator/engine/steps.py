@@ -9,8 +9,9 @@ On several workers the workers then compare the collectives they traced before
 any of them runs (`step_checks.check_same_program`), and only then do the
 chief's initial values go to every worker. How `args` are passed is in
 `step_args`, how each step's batches are fetched in `inputs.fetch`, the gate
-that holds a step's effects until its batches arrived in `effects`, and the
-errors of a step that cannot run in `step_checks`.
+that holds a step's effects until its batches arrived in `effects`, the
+errors of a step that cannot run in `step_checks`, and how a signal ends the
+loop between two steps in `interrupts`.
 """
 
 import contextlib
@@ -27,6 +28,7 @@ from replicator.engine import step_checks
 from replicator.inputs import fetch
 from replicator.engine import creation
 from replicator.engine import effects
+from replicator.engine import interrupts
 
 
 def _to_spec(value):
@@ -44,6 +46,7 @@ class _Traced:
     self.tensor_specs = tuple(spec for spec in tf.nest.flatten(output_spec)
                               if spec is not None)
     self.draws_random = draws_random  # whether step_fn has stateful random ops
+    self.loop_traced = False  # whether a held call traced the loop (`interrupts.call`)
 
 
 class CompiledStep:
@@ -78,7 +81,8 @@ class CompiledStep:
     # variables (repl.context()), for `Replicator.run`'s error.
     self.variables_differ = []
     self._no_pending = tf.constant(0, tf.int64)  # the loop's `pending` on most calls
-    self._empty = None  # an iterator over nothing (`_gate`)
+    self._gate = effects.Gate()  # (`_trace_single`)
+    self._stop = interrupts.StopFlag()  # what the loop reads before each next step
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
@@ -90,7 +94,11 @@ class CompiledStep:
   def element_spec(self):
     return self._element_spec
 
-  def __call__(self, iterator, steps: int, args: Sequence[Any]):
+  @property
+  def stop_flag(self) -> interrupts.StopFlag:
+    return self._stop
+
+  def __call__(self, iterator, steps: int, args: Sequence[Any], hold=None):
     self._python_numbers.warn_if_changed(args)
     args = step_args.by_reference(tuple(args))
     signature = step_args.signature(args)
@@ -146,9 +154,9 @@ class CompiledStep:
           raise  # step_fn's own
         completed, tensors, status = 0, self._initial_outputs(), fetch.OUT_OF_DATA
     else:
-      completed, tensors, status = self._loop(
+      completed, tensors, status = interrupts.call(self._loop, hold, self._current, (
           iterator, tf.constant(steps, tf.int64), args,
-          tf.constant(pending, tf.int64) if pending else self._no_pending)
+          tf.constant(pending, tf.int64) if pending else self._no_pending))
       if self._new_variables is not None and self._new_variables.pending():
         if int(status) == fetch.VARIABLES_DIFFER:
           self.variables_differ = self._new_variables.keep_each_workers()
@@ -175,39 +183,27 @@ class CompiledStep:
                                         deferred=merges.DeferredMerges())
 
   def _replica_scope(self, creating: bool):
+    summaries = effects.summary_state()
+
     @contextlib.contextmanager
     def scope(r):
-      with tf.device(self._devices[r]), tf.name_scope(f"replica_{r}"):
+      # Replica 0's too: Grappler rewrites by name; replicas named alike round alike.
+      names = tf.name_scope(f"replica_{r}")
+      with tf.device(self._devices[r]), names, \
+          effects.summaries(summaries, records=self._first_replica_id + r == 0):
         if creating and r == 0:  # the first replica makes the variables for all
           with self._factory.scope():
             yield
         elif creating:
-          with creation.no_creation(
-              functools.partial(self._created_on_another_replica, r)):
+          with creation.no_creation(functools.partial(
+              step_checks.created_on_another_replica, self._first_replica_id + r,
+              self._first_replica_id)):
             yield
         else:
           with creation.no_creation(
               creation.created_where("after its first run")):
             yield
     return scope
-
-  def _created_on_another_replica(self, r: int, what: str) -> str:
-    replica, first = self._first_replica_id + r, self._first_replica_id
-    collective = replica_context.current().group.last_collective
-    causes = ("step_fn branches on the replica id around it"
-              if collective is None else
-              f"step_fn checked whether to create it (a module's first call, `if "
-              f"self.v is None`) before a collective ({collective}) and created it "
-              f"after: the replicas are traced in turn from one collective to the "
-              f"next, so replica {replica} checked before replica {first} had made "
-              f"it. Create such variables before the step's first collective (with a "
-              f"placeholder value, assigning the collective's result to them on "
-              f"the first step), or inside repl.context(). Or "
-              f"step_fn branches on the replica id around it")
-    return (f"step_fn created {what} on replica {replica} in its first run, where "
-            f"replica {first} makes every variable for all replicas and the others "
-            f"find them made; replica {replica} did not. Either {causes}: take the "
-            "same path on every replica.")
 
   def _trace_first(self, iterator, args, creating: bool) -> _Traced:
     """The real step, traced before the loop, finding the outputs.
@@ -315,17 +311,6 @@ class CompiledStep:
     return (tf.constant(1, tf.int64), outputs,
             fetch.why_stopped(fetch.status_tensor(fetch.READY)))
 
-  def _gate(self, ready: tf.Tensor) -> tf.Tensor:
-    """A tensor that raises `OutOfRangeError` (from an op in `effects.RAN_OUT`) unless `ready`."""
-    if self._empty is None:
-      with tf.init_scope(), tf.device("/cpu:0"):
-        self._empty = iter(tf.data.Dataset.range(0))
-
-    def ran_out():
-      with tf.name_scope(effects.RAN_OUT):
-        return self._empty.get_next()
-    return tf.cond(ready, lambda: tf.constant(0, tf.int64), ran_out)
-
   def _trace_loop(self, iterator, steps, args, pending):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
 
@@ -334,8 +319,8 @@ class CompiledStep:
     arrived and the step itself runs without a `cond` around it (a `cond`
     would switch every variable the step touches, on every replica, per step).
     They are fetched only if a next step is due, so no element is lost.
-    Returns `(completed, outputs, status)`: status is why the loop stopped
-    (READY when it ran every step). On several workers the workers compare
+    Returns `(completed, outputs, status)`: why it stopped (INTERRUPTED where
+    `interrupts.StopFlag` ended it). On several workers the workers compare
     `steps` and `pending` (`multiworker.peers.NewVariables.digest`) first.
     """
     n = len(self._devices)
@@ -351,45 +336,65 @@ class CompiledStep:
       # where they agree: the comparison is off the step's path, so no step
       # waits for its round trip. Where they differ, the first step has run
       # everywhere and STEPS_DIFFER stops them.
+      # Nor is there a fetch to agree on a stop: see `interrupts.AGREE_EVERY`.
       def body(i, agreed, status, unused_outputs):
         outputs = self._replicated_step([None] * n, args, effects.open_gate())
         if self._workers is not None:
           agreed, status = tf.cond(
-              tf.equal(i, 0), lambda: self._fetcher.agree_on_steps(steps, pending),
+              tf.equal(i % interrupts.AGREE_EVERY, 0),
+              lambda: self._fetcher.agree_on_steps(steps, pending, i, self._stop.signal()),
               lambda: (agreed, status))
         return i + 1, agreed, status, outputs
+
+      def go_on(i, agreed, unused_status, unused_outputs):  # alone, the flag too
+        return i < agreed if self._workers is not None else tf.logical_and(
+            i < agreed, tf.equal(self._stop.signal(), 0))
 
       ready = fetch.status_tensor(fetch.READY)
       first = steps if self._workers is None else tf.constant(1, tf.int64)
       completed, _, status, outputs = tf.while_loop(
-          lambda i, agreed, unused_status, unused_outputs: i < agreed, body,
-          (zero, first, ready, self._initial_outputs()),
+          go_on, body, (zero, first, ready, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), tf.TensorShape([]), tf.TensorShape([]),
                             invariants),
           parallel_iterations=parallel_iterations)
+      if self._workers is None:  # READY: every step ran, or the flag stopped it
+        status = tf.where(completed < steps,
+                          fetch.interrupted(self._stop.signal(after=[completed])), status)
     else:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
+      as_bool = self._fetcher.sizes_to_compare(iterator.element_spec) is None
 
-      def fetch_if_due(i):
-        done = (tf.constant(False)
-                if self._fetcher.sizes_to_compare(iterator.element_spec) is None
-                else fetch.status_tensor(fetch.DONE))
-        return tf.cond(i < steps, lambda: self._fetcher.fetch(iterator),
-                       lambda: (empty, done))
+      def fetch_next(**compared):  # on several workers, with this worker's flag
+        if self._workers is not None:
+          compared["signum"] = self._stop.signal()
+        return self._fetcher.fetch(iterator, **compared)
 
-      def body(i, optionals, unused_status, unused_outputs):
+      def fetch_if_due(i, status):
+        # Alone, the flag is read here, beside the step; on several workers the
+        # last fetch's collective said whether one got a signal (LAST plus its
+        # number: this step runs, no later one), so that all stop at one step.
+        due = i < steps
+        signum = (self._stop.signal() if self._workers is None
+                  else tf.maximum(status - fetch.LAST, 0))
+        stopped = (lambda: tf.constant(False)) if as_bool else (lambda: tf.where(
+            due, fetch.interrupted(signum), fetch.status_tensor(fetch.DONE)))
+        return tf.cond(tf.logical_and(due, tf.equal(signum, 0)), fetch_next,
+                       lambda: (empty, stopped()))
+
+      def body(i, optionals, status, unused_outputs):
         outputs = self._replicated_step([(o.get_value(),) for o in optionals], args,
                                         effects.open_gate())
-        optionals, status = fetch_if_due(i + 1)
+        optionals, status = fetch_if_due(i + 1, status)
         return i + 1, optionals, status, outputs
 
-      optionals, status = self._fetcher.fetch(
-          iterator, *((steps, pending) if self._workers is not None else ()))
+      optionals, status = (fetch_next() if self._workers is None
+                           else fetch_next(steps=steps, pending=pending))
       completed, _, status, outputs = tf.while_loop(
           lambda i, optionals, status, outputs: fetch.is_ready(status), body,
           (zero, optionals, status, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
                             tf.TensorShape([]), invariants),
           parallel_iterations=parallel_iterations)
+      status = fetch.why_stopped(status, lambda: self._stop.signal(after=[completed]))
     step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
-    return completed, outputs, fetch.why_stopped(status)
+    return completed, outputs, status

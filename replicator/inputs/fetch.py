@@ -7,21 +7,27 @@ variables in `repl.context()` since its last run. The status codes say which
 of these stopped a loop; `Replicator.run` turns them into its errors.
 """
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
 from replicator.collectives import between_workers
 
-# Why a step did or did not run (`BatchFetcher.fetch`'s status).
+# Why a step did or did not run (`BatchFetcher.fetch`'s status); a step runs
+# where the status is READY or more.
 READY = 1  # every replica has a batch, all one size
 OUT_OF_DATA = 0  # some replica, on some worker, has none
 UNEVEN = -1  # every replica has one, not all one size
-DONE = 2  # the loop ran the steps it was asked for
 STEPS_DIFFER = -2  # workers asked for different steps: none ran (one, if no input)
 # workers made different variables in repl.context() since their last run (as
 # STEPS_DIFFER: none ran, one if no input; nothing was sent)
 VARIABLES_DIFFER = -3
+DONE = -4  # the loop ran the steps it was asked for
+# Plus a signal's number: as READY, and a worker got that signal (SIGINT,
+# SIGTERM): this step runs, no later one, on every worker (`engine.interrupts`).
+LAST = 100
+# Minus a signal's number: the loop stopped between two steps for that signal.
+INTERRUPTED = -100
 
 
 def status_tensor(value: int) -> tf.Tensor:
@@ -29,14 +35,32 @@ def status_tensor(value: int) -> tf.Tensor:
 
 
 def is_ready(status: tf.Tensor) -> tf.Tensor:
-  return status if status.dtype == tf.bool else tf.equal(status, READY)
+  return status if status.dtype == tf.bool else tf.greater_equal(status, READY)
 
 
-def why_stopped(status: tf.Tensor) -> tf.Tensor:
-  """The status as an int64 (a bool status stops only when out of data)."""
-  if status.dtype == tf.bool:
+def interrupted(signum: tf.Tensor) -> tf.Tensor:
+  """The status of a loop that `signum` (an int64, > 0) stopped."""
+  return status_tensor(INTERRUPTED) - signum
+
+
+def signal_of(status: int) -> int:
+  """The signal that stopped a loop of this status (0: none did)."""
+  return INTERRUPTED - status if status <= INTERRUPTED else 0
+
+
+def why_stopped(status: tf.Tensor, signum: Optional[Callable[[], tf.Tensor]] = None
+                ) -> tf.Tensor:
+  """The status as an int64.
+
+  A bool status stops when out of data, or, given `signum` (the read of the
+  loop's stop flag, `engine.interrupts.StopFlag`), where a signal stopped it.
+  """
+  if status.dtype != tf.bool:
+    return status
+  if signum is None:
     return status_tensor(OUT_OF_DATA)
-  return status
+  flag = signum()
+  return tf.where(tf.equal(flag, 0), status_tensor(OUT_OF_DATA), interrupted(flag))
 
 
 def _batch_leaf(element_spec):
@@ -154,7 +178,7 @@ class BatchFetcher:
       return None
     return leaf, static_size
 
-  def fetch(self, iterator, steps=None, pending=None):
+  def fetch(self, iterator, steps=None, pending=None, signum=None):
     """Takes one element per local replica: `(optionals, status)`.
 
     Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
@@ -171,7 +195,9 @@ class BatchFetcher:
     dataset's shapes. Given `steps` and `pending` (on several workers), that
     collective also compares the workers' `steps` (STEPS_DIFFER where they
     differ) and the digests of the variables each made in `repl.context()`
-    since its last run (VARIABLES_DIFFER).
+    since its last run (VARIABLES_DIFFER). Given `signum` (this worker's stop
+    flag, on several workers: 0 or a signal's number), a READY status is LAST
+    plus the largest of the workers'.
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))
@@ -192,11 +218,15 @@ class BatchFetcher:
       state = [tf.cast(got_all, tf.int64), tf.reduce_min(sizes), -tf.reduce_max(sizes)]
       if steps is not None:  # and (min, -max) over workers of steps and pending
         state += [steps, -steps, pending, -pending]
+      if signum is not None:  # and the largest signal any worker got
+        state.append(-signum)
       state = between_workers.across_workers(tf.stack(state), "Min", self._workers)
+      ready = status_tensor(READY)
+      if signum is not None:
+        ready = tf.where(tf.equal(state[-1], 0), ready, status_tensor(LAST) - state[-1])
       status = tf.where(
           state[0] > 0,
-          tf.where(tf.equal(state[1], -state[2]), status_tensor(READY),
-                   status_tensor(UNEVEN)),
+          tf.where(tf.equal(state[1], -state[2]), ready, status_tensor(UNEVEN)),
           status_tensor(OUT_OF_DATA))
       if steps is not None:
         status = tf.where(tf.equal(state[5], -state[6]), status,
@@ -205,13 +235,19 @@ class BatchFetcher:
                           status_tensor(STEPS_DIFFER))
     return optionals, status
 
-  def agree_on_steps(self, steps, pending):
-    """`(steps, status)`: 0 and STEPS_DIFFER where workers asked for different
-    ones, 0 and VARIABLES_DIFFER where their `pending` digests differ."""
+  def agree_on_steps(self, steps, pending, step, signum):
+    """`(steps, status)` after step `step`: 0 and STEPS_DIFFER where workers
+    asked for different ones, 0 and VARIABLES_DIFFER where their `pending`
+    digests differ, `step + 1` and INTERRUPTED minus the largest `signum` (a
+    worker's stop flag) where one is not 0."""
     with tf.device(self._devices[0]):
       fewest, most = between_workers.min_and_max_across_workers(
-          tf.stack([steps, pending]), self._workers)
+          tf.stack([steps, pending, signum]), self._workers)
       same = tf.equal(fewest, most)
-      status = tf.where(same[1], status_tensor(READY), status_tensor(VARIABLES_DIFFER))
-      return (tf.where(tf.reduce_all(same), steps, tf.constant(0, tf.int64)),
+      stop = most[2] > 0
+      status = tf.where(same[1], tf.where(stop, interrupted(most[2]),
+                                          status_tensor(READY)),
+                        status_tensor(VARIABLES_DIFFER))
+      return (tf.where(tf.logical_and(same[0], same[1]),
+                       tf.where(stop, step + 1, steps), tf.constant(0, tf.int64)),
               tf.where(same[0], status, status_tensor(STEPS_DIFFER)))

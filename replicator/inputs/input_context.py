@@ -13,6 +13,7 @@ checkpoint says were taken.
 import math
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -59,12 +60,22 @@ class InputContext:
     self._decided = False  # replicator has decided whether it skips
 
   def per_replica_batch_size(self, global_batch_size: int) -> int:
+    """Examples in each replica's batch: `global_batch_size` (over all
+    replicas, a positive multiple of their number) over the replicas."""
+    if (isinstance(global_batch_size, bool) or
+        not isinstance(global_batch_size, (int, np.integer)) or
+        global_batch_size < 1):
+      raise ValueError(
+          f"global_batch_size: expected a positive int (examples per step over "
+          f"all {self.num_replicas_in_sync} replicas), got "
+          f"{global_batch_size!r}. Pass a multiple of "
+          f"{self.num_replicas_in_sync}.")
     if global_batch_size % self.num_replicas_in_sync:
       raise ValueError(
           f"global_batch_size: {global_batch_size} is not divisible by the "
           f"{self.num_replicas_in_sync} replicas; use a multiple of "
           f"{self.num_replicas_in_sync}.")
-    return global_batch_size // self.num_replicas_in_sync
+    return int(global_batch_size) // self.num_replicas_in_sync
 
   @property
   def steps_taken(self) -> int:

@@ -13,6 +13,7 @@ import tensorflow as tf
 from replicator import errors
 from replicator.collectives import between_workers
 from replicator.multiworker import cluster
+from replicator.multiworker import liveness
 from replicator.collectives import packing
 from replicator.mesh import Mesh
 
@@ -46,7 +47,7 @@ class Peers:
     `AllReduceOptions.timeout_s`, then raises naming those still missing.
     """
     join_timeout_s = 10 * self._timeout_s
-    missing = cluster.unjoined_peers(self._mesh, join_timeout_s)
+    missing = liveness.unjoined_peers(self._mesh, join_timeout_s)
     if missing:
       names = ", ".join(f"{w} ({self._mesh.worker_addresses[w]})" for w in missing)
       raise TimeoutError(
@@ -55,7 +56,7 @@ class Peers:
           "Start every worker of TF_CONFIG's cluster (python -m replicator.launch "
           "starts local ones), check that it did not fail before creating its "
           "replicator, or raise AllReduceOptions(timeout_s=...) for slow starts.")
-    self._heartbeat = cluster.Heartbeat(self._mesh, self._timeout_s / 2)
+    self._heartbeat = liveness.Heartbeat(self._mesh, self._timeout_s / 2)
     # After it, every worker's runtime is ready. Every server answers by now, so
     # a peer that does not join this collective made other replicators before
     # this one (each takes a collective group of its own, in order).
@@ -90,20 +91,18 @@ class Peers:
   def raise_if_lost(self, error, steps_completed: int):
     """Raises `WorkerLost` for `error` if a worker is gone.
 
-    Gone: the heartbeat saw it, or a peer fails a health check now (the error
+    Gone: the heartbeat's verdict, from a look at every peer now (the error
     may come before the heartbeat's next look). Any other error (a failed
     check_numerics on every worker, say) is the step's own: the caller
     re-raises it.
     """
-    worker = self._heartbeat.lost if self._heartbeat else None
-    if worker is None:
-      worker = cluster.first_unhealthy_peer(
-          self._mesh, timeout_s=min(5.0, self._timeout_s))
-      if worker is None:
-        return
-    raise errors.WorkerLost(worker, steps_completed,
-                             self._mesh.worker_addresses[worker],
-                             type(error).__name__) from error
+    loss = self._heartbeat.verdict() if self._heartbeat is not None else None
+    if loss is None:
+      return
+    address = (self._mesh.worker_addresses[loss.worker]
+               if loss.worker is not None else "")
+    raise errors.WorkerLost(loss.worker, steps_completed, address,
+                            loss.reason) from error
 
   def send_initial_values(self, variables, steps_completed: int):
     """Gives every worker the chief's initial values of `variables`.

@@ -43,10 +43,13 @@ def calls_per_replica(original_call):
     if not function._autograph:  # pylint: disable=protected-access
       return function.python_function(*args, **kwargs)
     # As tf.function itself traces with AutoGraph (user_requested: a method's
-    # weakly bound `self` is unwrapped as there).
+    # weakly bound `self` is unwrapped as there), with its features (by
+    # default none: no name scope of the function's name around its body).
     return autograph_api.converted_call(
         function.python_function, args, kwargs,
-        options=converter.ConversionOptions(recursive=True, user_requested=True))
+        options=converter.ConversionOptions(
+            recursive=True, user_requested=True,
+            optional_features=function._experimental_autograph_options))  # pylint: disable=protected-access
   return call
 
 

@@ -140,7 +140,8 @@ PATCHES = (
     Patch(module=_FUNCTION, name="Function.__call__", kind="method",
           parameters=("self", "*", "**"),
           reads=("_run_functions_eagerly", "_jit_compile", "_attributes",
-                 "input_signature", "_clone", "_autograph", "python_function"),
+                 "input_signature", "_clone", "_autograph", "python_function",
+                 "_experimental_autograph_options"),
           why="tf.function keeps one trace per input signature, blind to the "
           "replica being traced: replica 1 would run replica 0's trace (its "
           "variable copies, its updates). A tf.function that step_fn calls is "

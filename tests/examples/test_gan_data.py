@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import imagenet_archives
 import replicator
+from examples import idx
 from examples.gan import data
 
 
@@ -43,12 +44,41 @@ def test_fashion_mnist_idx_parsing_and_padding(tmp_path):
   assert np.all(x[:, :2] == -1.0) and np.all(x[:, :, 30:] == -1.0)
 
 
+def _idx_gz(path, array):
+  header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
+      int(d).to_bytes(4, "big") for d in array.shape)
+  with gzip.open(path, "wb") as f:
+    f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_read_idx_reads_what_was_written(tmp_path):
+  array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+  _idx_gz(tmp_path / "ok.gz", array)
+  np.testing.assert_array_equal(idx.read_idx(str(tmp_path / "ok.gz")), array)
+
+
 def test_read_idx_rejects_other_files(tmp_path):
   path = tmp_path / "bad.gz"
   with gzip.open(path, "wb") as f:
     f.write(b"\x89PNG not an idx file")
   with pytest.raises(ValueError, match="not an IDX file"):
-    data.read_idx(str(path))
+    idx.read_idx(str(path))
+
+
+def test_read_idx_names_a_file_cut_short(tmp_path):
+  array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+  _idx_gz(tmp_path / "whole.gz", array)
+  whole = (tmp_path / "whole.gz").read_bytes()
+  cut = tmp_path / "cut.gz"  # an interrupted copy: the gzip stream ends early
+  cut.write_bytes(whole[:len(whole) // 2])
+  with pytest.raises(ValueError, match=f"{cut}: the gzip stream is damaged or cut short"):
+    idx.read_idx(str(cut))
+  short = tmp_path / "short.gz"  # a whole gzip stream of too few bytes
+  with gzip.open(short, "wb") as f:
+    f.write(gzip.decompress(whole)[:-5])
+  with pytest.raises(ValueError, match=r"short.gz: 35 bytes where its header .* needs 40: "
+                     "the file is cut short"):
+    idx.read_idx(str(short))
 
 
 def _png(height, width, value):

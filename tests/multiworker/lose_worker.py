@@ -2,7 +2,10 @@
 
 With `--how kill_before_first_run` (`freeze_before_first_run`) it dies
 (freezes) before the first step, when the variable made eagerly in the context
-is yet to get the chief's value.
+is yet to get the chief's value. With `--stall_s S` (and `--pids DIR`, where
+each worker writes its pid), it first stops worker 1 (SIGSTOP) for S seconds,
+as a machine's load may hold a survivor back, while worker 0 reports the loss
+and leaves.
 
 A survivor prints `LOST <seconds> <message>` when it raises WorkerLost, with the
 seconds that run() took, after `STALL <seconds>`: the longest that a thread
@@ -15,6 +18,7 @@ before worker 0 fetched its last chunk, in step 4.
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -31,9 +35,16 @@ def main():
   parser.add_argument("--how", default="kill", choices=[
       "kill", "freeze", "kill_before_first_run", "freeze_before_first_run"])
   parser.add_argument("--timeout_s", type=float, default=10.0)
+  parser.add_argument("--stall_s", type=float, default=0.0)
+  parser.add_argument("--pids", default=None)
   args = parser.parse_args()
   repl = replicator.MultiGpuReplicator(
       all_reduce=replicator.AllReduceOptions(timeout_s=args.timeout_s))
+  if args.pids:
+    mine = os.path.join(args.pids, str(repl.mesh.worker_index))
+    with open(mine + ".tmp", "w") as f:
+      f.write(str(os.getpid()))
+    os.rename(mine + ".tmp", mine)
   with repl.context():
     w = tf.Variable(tf.zeros([4]))
 
@@ -54,6 +65,13 @@ def main():
   dies_at = 0 if args.how.endswith("before_first_run") else 5
   for step in range(1000):
     if repl.mesh.worker_index == repl.num_workers - 1 and step == dies_at:
+      if args.stall_s:
+        while not os.path.exists(os.path.join(args.pids, "1")):
+          time.sleep(0.01)
+        with open(os.path.join(args.pids, "1")) as f:
+          stalled = int(f.read())
+        os.kill(stalled, signal.SIGSTOP)
+        subprocess.Popen(["sh", "-c", f"sleep {args.stall_s}; kill -CONT {stalled}"])
       sig = signal.SIGKILL if args.how.startswith("kill") else signal.SIGSTOP
       print("DYING", flush=True)
       os.kill(os.getpid(), sig)
