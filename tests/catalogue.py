@@ -1,5 +1,7 @@
 """The replicators and small models that every property is tested over."""
 
+import glob
+
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
@@ -17,10 +19,23 @@ REPLICATORS = {
         num_tpu_cores_per_worker=2, emulate_on_cpu=True), 2),
 }
 MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
+# The TPU emulator compiles the step with XLA, which has no summary kernels.
+NOT_XLA = sorted(name for name in REPLICATORS if not name.startswith("tpu"))
 
 
 def make(name):
   return REPLICATORS[name][0]()
+
+
+def summary_events(logdir, tag):
+  """`(step, value)` of every summary event with `tag`, from the files in `logdir`."""
+  recorded = []
+  for path in sorted(glob.glob(f"{logdir}/events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == tag:
+          recorded.append((event.step, tf.make_ndarray(value.tensor).item()))
+  return recorded
 
 
 def classification_data(num_examples=640, features=8, classes=4, seed=0):

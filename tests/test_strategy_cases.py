@@ -10,7 +10,6 @@ all-gather. Where TensorFlow runs a case with `run_in_function`, the step's
 body here runs in a `tf.function` too. Every expectation is NumPy's.
 """
 
-import glob
 import threading
 
 import numpy as np
@@ -22,7 +21,7 @@ import catalogue
 NAMES = sorted(catalogue.REPLICATORS)
 # The TPU emulator compiles the step with XLA, which has no summary (or
 # Assert) kernels.
-NOT_XLA = [name for name in NAMES if not name.startswith("tpu")]
+NOT_XLA = catalogue.NOT_XLA
 HANG_GUARD_S = 300  # a step that deadlocks fails the test instead of the run
 
 
@@ -316,17 +315,6 @@ def test_a_global_step_advances_once_a_step(name):
   repl.assert_replicas_in_sync(counters)
 
 
-def _events(logdir, tag):
-  """`(step, value)` of every event with `tag`, from the files in `logdir`."""
-  recorded = []
-  for path in sorted(glob.glob(f"{logdir}/events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag == tag:
-          recorded.append((event.step, tf.make_ndarray(value.tensor).item()))
-  return recorded
-
-
 @pytest.mark.parametrize("name", NOT_XLA)
 def test_summaries_record_replica_0_once_a_step(name, tmp_path):
   """DistributionTestBase._test_summary_for_replica_zero_only, with the step a
@@ -348,8 +336,8 @@ def test_summaries_record_replica_0_once_a_step(name, tmp_path):
     repl.run(step_fn, steps=3)
   writer.flush()
   steps = [1, 2, 3, 4]
-  assert _events(tmp_path, "a") == [(step, 0) for step in steps]  # the tag as given
-  assert _events(tmp_path, "replica_0/scalar") == [(step, 10.0) for step in steps]
+  assert catalogue.summary_events(tmp_path, "a") == [(step, 0) for step in steps]  # the tag as given
+  assert catalogue.summary_events(tmp_path, "replica_0/scalar") == [(step, 10.0) for step in steps]
 
 
 @pytest.mark.parametrize("name", NOT_XLA)
@@ -373,7 +361,7 @@ def test_a_summary_in_a_tf_function_in_step_fn_keeps_its_tag(name, tmp_path):
     one_device_step()
     one_device_step()
   writer.flush()
-  assert _events(plain_dir, "in_function") == [(1, -1.0), (2, -1.0)]
+  assert catalogue.summary_events(plain_dir, "in_function") == [(1, -1.0), (2, -1.0)]
 
   repl = catalogue.make(name)
   with repl.context():
@@ -388,7 +376,7 @@ def test_a_summary_in_a_tf_function_in_step_fn_keeps_its_tag(name, tmp_path):
   with writer.as_default(step=global_step):
     repl.run(step_fn, steps=2)
   writer.flush()
-  assert _events(replicated_dir, "replica_0/in_function") == [(1, -1.0), (2, -1.0)]
+  assert catalogue.summary_events(replicated_dir, "replica_0/in_function") == [(1, -1.0), (2, -1.0)]
 
 
 @pytest.mark.parametrize("name", NAMES)

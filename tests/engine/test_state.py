@@ -78,11 +78,7 @@ def test_every_aggregated_write_is_merged(name, collective, monkeypatch):
     _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
-  merges = []
-  for kind in ("all_reduce", "broadcast"):
-    real = getattr(reductions, kind)
-    monkeypatch.setattr(reductions, kind, lambda *a, real=real, kind=kind, **k: (
-        merges.append((kind, len(a[0][0]))), real(*a, **k))[1])
+  merges = _recorded_merges(monkeypatch)
   with repl.context():
     counter = tf.Variable(0, dtype=tf.int64)
     scaled = tf.Variable(1.0)
@@ -113,6 +109,17 @@ def test_every_aggregated_write_is_merged(name, collective, monkeypatch):
   repl.assert_replicas_in_sync([counter, scaled, debiased, per_replica, from_sum])
 
 
+def _recorded_merges(monkeypatch):
+  """The `(kind, tensors a replica gives)` of each all-reduce and broadcast
+  traced from here on, in order."""
+  merges = []
+  for kind in ("all_reduce", "broadcast"):
+    real = getattr(reductions, kind)
+    monkeypatch.setattr(reductions, kind, lambda *a, real=real, kind=kind, **k: (
+        merges.append((kind, len(a[0][0]))), real(*a, **k))[1])
+  return merges
+
+
 def _merged_by_collectives(monkeypatch):
   """Local replicas on logical CPUs merged as on GPUs or several workers, where
   a merge is a collective and waits for the end of the step (the same code
@@ -132,10 +139,7 @@ def test_float_writes_merge_once_at_the_end_of_the_step(name, collective, monkey
     _merged_by_collectives(monkeypatch)
   repl = catalogue.make(name)
   n = repl.num_replicas
-  calls = []
-  real = reductions.all_reduce
-  monkeypatch.setattr(reductions, "all_reduce", lambda values, *a, **k: (
-      calls.append(len(values[0])), real(values, *a, **k))[1])
+  merges = _recorded_merges(monkeypatch)
   with repl.context():
     hidden = tf.Variable([1.0, 2.0])
     debiased = tf.Variable([0.0, 0.0])
@@ -149,7 +153,8 @@ def test_float_writes_merge_once_at_the_end_of_the_step(name, collective, monkey
 
   repl.run(step_fn, steps=2)
   # one all-reduce of the three variables, once in the trace; or one at each write
-  assert calls == ([3] if collective else [1, 1, 1])
+  assert merges == ([("all_reduce", 3)] if collective
+                    else [("all_reduce", 1)] * 3)
   h, d = np.array([1.0, 2.0]), None
   for _ in range(2):  # the mean of what each replica's writes leave
     finals = [h - (h - r) * 0.5 for r in range(n)]

@@ -1,28 +1,13 @@
 """Summaries written inside a step: recorded once, by the job's replica 0."""
 
-import glob
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import catalogue
 
-# The TPU emulator compiles the step with XLA, which has no summary kernels.
-NOT_XLA = sorted(n for n in catalogue.REPLICATORS if not n.startswith("tpu"))
 
-
-def _recorded(logdir, tag):
-  values = []
-  for path in sorted(glob.glob(f"{logdir}/events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        if value.tag == tag:
-          values.append((event.step, float(tf.make_ndarray(value.tensor))))
-  return values
-
-
-@pytest.mark.parametrize("name", NOT_XLA)
+@pytest.mark.parametrize("name", catalogue.NOT_XLA)
 def test_a_writer_made_the_default_around_run_records_replica_0_once_a_step(name, tmp_path):
   # tf.distribute records replica 0's summaries only; TensorFlow keeps the
   # default writer per thread, and the replicas are traced on threads of
@@ -43,11 +28,11 @@ def test_a_writer_made_the_default_around_run_records_replica_0_once_a_step(name
     repl.run(step_fn)
     repl.run(step_fn, steps=2)
   writer.flush()
-  assert _recorded(tmp_path, "replica_0/value") == [(1, 10.0), (2, 10.0), (3, 10.0)]
+  assert catalogue.summary_events(tmp_path, "replica_0/value") == [(1, 10.0), (2, 10.0), (3, 10.0)]
   repl.shutdown()
 
 
-@pytest.mark.parametrize("name", [n for n in NOT_XLA if n in catalogue.MULTI])
+@pytest.mark.parametrize("name", [n for n in catalogue.NOT_XLA if n in catalogue.MULTI])
 def test_a_writer_made_the_default_inside_step_fn_records_once(name, tmp_path):
   repl = catalogue.make(name)
   writer = tf.summary.create_file_writer(str(tmp_path))
@@ -61,7 +46,7 @@ def test_a_writer_made_the_default_inside_step_fn_records_once(name, tmp_path):
   out = repl.run(step_fn).numpy()
   np.testing.assert_allclose(out, np.arange(repl.num_local_replicas) * 2.0 + 1.0)
   writer.flush()
-  assert _recorded(tmp_path, "replica_0/inside") == [(7, 1.0)]
+  assert catalogue.summary_events(tmp_path, "replica_0/inside") == [(7, 1.0)]
   repl.shutdown()
 
 
@@ -70,7 +55,7 @@ def test_summaries_outside_a_step_are_untouched(tmp_path):
   with writer.as_default(step=3):
     tf.summary.scalar("eager", 5.0)
   writer.flush()
-  assert _recorded(tmp_path, "eager") == [(3, 5.0)]
+  assert catalogue.summary_events(tmp_path, "eager") == [(3, 5.0)]
 
 
 def test_a_summary_in_an_xla_compiled_step_is_refused_by_name(tmp_path):
