@@ -8,6 +8,8 @@ setuptools.setup(
     description=("TF-Replicator-style data parallelism for TensorFlow 2 and "
                  "Sonnet 2: one-device research code on many GPUs, workers "
                  "or a TPU."),
+    license="Apache-2.0",
+    license_files=["LICENSE"],
     packages=setuptools.find_packages(include=["replicator", "replicator.*"]),
     python_requires=">=3.10",
     # TensorFlow comes through an extra so that an installed tensorflow-tpu or
@@ -16,9 +18,11 @@ setuptools.setup(
     extras_require={
         "tf": ["tensorflow>=2.16"],
         "tf-cpu": ["tensorflow-cpu>=2.16"],
-        "test": ["pytest", "pytest-xdist", "ruff"],
+        # pdoc builds the API reference (docs/api/), which a test builds too.
+        "test": ["pytest", "pytest-xdist", "ruff", "pdoc"],
         # TFDS imagenet2012 needs importlib_resources to prepare from the
         # archives (--tfds_manual_dir, --manual_dir) and does not require it.
         "examples": ["matplotlib", "tensorboard", "tensorflow-datasets", "importlib_resources"],
     },
+    entry_points={"console_scripts": ["replicator-launch=replicator.launch:main"]},
 )

@@ -6,9 +6,10 @@ try:
   import tensorflow as _tf
 except ImportError as error:
   raise ImportError(
-      "replicator needs TensorFlow >= 2.16. Install it with "
-      "`pip install replicator[tf]` (or `[tf-cpu]`), or keep the TensorFlow "
-      "build you already have (tensorflow-tpu, tensorflow-cpu).") from error
+      "replicator needs TensorFlow >= 2.16. From the clone's root, install it "
+      "with the library: `pip install -e \".[tf]\"` (GPU build) or "
+      "`pip install -e \".[tf-cpu]\"`; or install a build yourself "
+      "(`pip install tensorflow`, tensorflow-cpu or tensorflow-tpu).") from error
 
 _version = tuple(int(p) for p in _tf.__version__.split(".")[:2] if p.isdigit())
 if _version < _MINIMUM:

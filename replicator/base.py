@@ -89,17 +89,22 @@ class Replicator:
   _creation_order = itertools.count()
 
   # Topology.
-  mesh = property(lambda self: self._mesh)
-  num_replicas = property(lambda self: self._mesh.num_replicas)
-  num_local_replicas = property(lambda self: self._mesh.devices_per_worker)
-  num_workers = property(lambda self: self._mesh.num_workers)
-  is_chief = property(lambda self: self._mesh.is_chief)
+  mesh = property(lambda self: self._mesh, doc="The `Mesh`: workers and devices.")
+  num_replicas = property(lambda self: self._mesh.num_replicas,
+                          doc="Replicas on every worker together.")
+  num_local_replicas = property(lambda self: self._mesh.devices_per_worker,
+                                doc="Replicas of this worker (one per local device).")
+  num_workers = property(lambda self: self._mesh.num_workers,
+                         doc="Worker processes (1 unless TF_CONFIG or `cluster` names more).")
+  is_chief = property(lambda self: self._mesh.is_chief,
+                      doc="Whether this is worker 0, the one that writes checkpoints and logs.")
 
   def init(self):
     """Kept for TF-Replicator parity: the constructor already connected."""
 
   def __repr__(self):
     return (f"{type(self).__name__}(num_replicas={self.num_replicas}, "
+            f"num_workers={self.num_workers}, "
             f"devices={list(self._mesh.local_devices)})")
 
   @contextlib.contextmanager
@@ -147,21 +152,28 @@ class Replicator:
     return in_step.all_reduce(value, op, options, method)
 
   def all_sum(self, value):
+    """Inside a step: the sum of `value` (a tensor or nest) over all replicas."""
     return self.all_reduce(value, ReduceOp.SUM, method="all_sum")
 
   def all_mean(self, value):
+    """Inside a step: the mean of `value` (a tensor or nest) over all replicas."""
     return self.all_reduce(value, ReduceOp.MEAN, method="all_mean")
 
   def all_max(self, value):
+    """Inside a step: the elementwise maximum of `value` over all replicas."""
     return self.all_reduce(value, ReduceOp.MAX, method="all_max")
 
   def all_min(self, value):
+    """Inside a step: the elementwise minimum of `value` over all replicas."""
     return self.all_reduce(value, ReduceOp.MIN, method="all_min")
 
   def all_gather(self, value, axis: int = 0):
+    """Inside a step: every replica's `value` concatenated along `axis`, in
+    replica-id order (the same result on every replica)."""
     return in_step.all_gather(value, axis)
 
   def broadcast(self, value, source_replica: int = 0):
+    """Inside a step: replica `source_replica`'s `value`, on every replica."""
     return in_step.broadcast(value, source_replica)
 
   # Running steps.

@@ -75,6 +75,7 @@ class Checkpointer:
 
   @property
   def directory(self) -> str:
+    """Where the checkpoints and the pointer file `latest.json` are."""
     return self._directory
 
   def _read_pointer(self) -> Optional[dict]:
@@ -119,6 +120,7 @@ class Checkpointer:
 
   @property
   def latest_step(self) -> Optional[int]:
+    """The step of the newest complete checkpoint (None if none), without restoring."""
     _check_outside_steps("latest_step", "read checkpointer.latest_step between repl.run "
                          "calls, outside step_fn and any tf.function")
     pointer = self._read_pointer()
@@ -126,6 +128,10 @@ class Checkpointer:
 
   def save(self, step: int) -> Optional[str]:
     """Writes a checkpoint for `step` (chief only); returns its path or None.
+
+    Pass the number of steps completed (after the step with index i of a
+    `for step in range(start, n)` loop, `step + 1`): `restore_latest()` returns
+    it, and `range(restore_latest() or 0, n)` then runs the first step not done.
 
     On several workers every worker returns once the chief's checkpoint is
     visible, so a `restore_latest` right after finds it on every worker.
@@ -181,6 +187,10 @@ class Checkpointer:
 
   def restore_latest(self, *, allow_missing=()) -> Optional[int]:
     """Restores the newest complete checkpoint; returns its step (None if none).
+
+    The step returned is the number `save` was given: the steps completed, so
+    `start = checkpointer.restore_latest() or 0` then `range(start, n)` goes on
+    without repeating a step; `start == n` means the run had finished.
 
     Variables that do not exist yet (modules built on first call, optimizer
     slots) get their values when they are created.

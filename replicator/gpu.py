@@ -4,6 +4,7 @@ import os
 from typing import Optional, Sequence
 
 import tensorflow as tf
+from absl import logging
 
 from replicator import base
 from replicator.multiworker import cluster as cluster_lib
@@ -61,6 +62,16 @@ class MultiGpuReplicator(base.Replicator):
       multi-worker `TF_CONFIG` (as `python -m replicator.launch` sets), the
       replicator uses this process alone.
     all_reduce: `AllReduceOptions` for gradients and collectives.
+    cpu_replicas: on a machine with no GPU, split the CPU into this many
+      logical devices, one replica each (TensorFlow fixes its devices when it
+      starts, so make the replicator before any op runs). Where a GPU is
+      visible the GPUs are used and this is ignored, with a log line saying
+      so: the same script trains on a laptop and on a GPU box. Default: the
+      count `python -m replicator.launch --devices-per-worker` gives, else
+      every logical CPU that exists (one, unless configured).
+
+  On a CPU-only machine, `MultiGpuReplicator(cpu_replicas=2).num_replicas`
+  is 2; with one GPU it is 1.
 
   Workers talk through TensorFlow's gRPC collectives, which are not
   authenticated: run them on a trusted network only. Create the replicator
@@ -68,10 +79,39 @@ class MultiGpuReplicator(base.Replicator):
   """
 
   def __init__(self, devices: Optional[Sequence[str]] = None, cluster=None,
-               all_reduce: Optional[reduce_options.AllReduceOptions] = None):
+               all_reduce: Optional[reduce_options.AllReduceOptions] = None,
+               cpu_replicas: Optional[int] = None):
+    if cpu_replicas is not None and (isinstance(cpu_replicas, bool) or
+                                     not isinstance(cpu_replicas, int) or
+                                     cpu_replicas < 1):
+      raise ValueError(f"cpu_replicas: expected an int >= 1, got {cpu_replicas!r}.")
     logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)  # set by replicator.launch
-    if logical_cpus and not tf.config.list_physical_devices("GPU"):
-      mesh_lib.configure_logical_cpus(int(logical_cpus))
+    if cpu_replicas is None and logical_cpus:
+      if not tf.config.list_physical_devices("GPU"):
+        mesh_lib.configure_logical_cpus(int(logical_cpus))
+    elif cpu_replicas is not None:
+      gpus = tf.config.list_physical_devices("GPU")
+      if gpus:
+        logging.info("MultiGpuReplicator: %d GPU(s) visible, so cpu_replicas=%d is "
+                     "not used (hide the GPUs with CUDA_VISIBLE_DEVICES= to train "
+                     "on the CPU).", len(gpus), cpu_replicas)
+      elif devices is None:
+        try:
+          devices = mesh_lib.configure_logical_cpus(cpu_replicas)
+        except RuntimeError as error:
+          started = len(tf.config.list_logical_devices("CPU"))
+          if started == cpu_replicas:  # already as asked, for example 1
+            devices = [f"CPU:{i}" for i in range(started)]
+          else:
+            raise RuntimeError(
+                f"cpu_replicas: cannot split the CPU into {cpu_replicas} devices: "
+                f"TensorFlow has already started with {started}. Make the "
+                "replicator before any TensorFlow op runs (or pass the count "
+                "TensorFlow started with).") from error
+      else:
+        raise ValueError(
+            f"cpu_replicas: given ({cpu_replicas}) together with devices={list(devices)}; "
+            "pass one of them.")
     if isinstance(cluster, Mesh):
       mesh = cluster if devices is None else Mesh.from_cluster(
           worker_addresses=cluster.worker_addresses,

@@ -154,28 +154,32 @@ class Mesh:
       if name not in known:
         raise ValueError(
             f"devices: {name!r} is not a device of this process; it has "
-            f"{sorted(known)}. For several CPU replicas, split the CPU with "
-            "tf.config.set_logical_device_configuration (see "
-            "replicator.testing.configure_logical_cpus) before TensorFlow starts.")
+            f"{sorted(known)}. For several CPU replicas, use "
+            "MultiGpuReplicator(cpu_replicas=N), made before any TensorFlow op runs.")
 
   @property
   def devices_per_worker(self) -> int:
+    """Devices (one replica each) of every worker."""
     return len(self.local_devices)
 
   @property
   def num_replicas(self) -> int:
+    """Replicas on every worker together."""
     return self.num_workers * self.devices_per_worker
 
   @property
   def local_replica_ids(self) -> Tuple[int, ...]:
+    """Global ids of this worker's replicas (worker i holds a contiguous range)."""
     first = self.worker_index * self.devices_per_worker
     return tuple(range(first, first + self.devices_per_worker))
 
   @property
   def is_chief(self) -> bool:
+    """Whether this is worker 0."""
     return self.worker_index == 0
 
   def device_type(self) -> str:
+    """`CPU`, `GPU` or `TPU`: the type of this worker's devices."""
     return self.local_devices[0].split(":")[0]
 
 

@@ -171,6 +171,12 @@ class ReplicatedOptimizer(tf.Module):
 
   # Sonnet: apply(updates, parameters). Keras: apply(grads, trainable_variables).
   def apply(self, updates: Sequence, parameters: Sequence = None):
+    """Inside a step: reduces `updates` over replicas, then applies them.
+
+    Sonnet's `apply(updates, parameters)`, or Keras's `apply(grads,
+    trainable_variables)` (`parameters` may then be left out). A `None`
+    gradient leaves its variable unchanged; all `None` is an error.
+    """
     if parameters is None:
       if self._kind != "keras":
         raise TypeError("apply: parameters is required for a Sonnet optimizer.")
@@ -178,6 +184,7 @@ class ReplicatedOptimizer(tf.Module):
     return self._apply(list(updates), list(parameters))
 
   def apply_gradients(self, grads_and_vars):
+    """Keras's `apply_gradients([(grad, variable), ...])`, reduced as `apply`."""
     if self._kind != "keras":
       raise AttributeError(
           "apply_gradients is the Keras method; a Sonnet optimizer takes "

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import weakref
@@ -54,6 +55,37 @@ def test_resume_on_the_same_topology_continues_exactly(tmp_path, accumulate_step
   for got, expected in zip(_state(model, optimizer), want):
     np.testing.assert_array_equal(got, expected)
   repl.assert_replicas_in_sync(list(model.variables) + list(optimizer.variables))
+
+
+def test_the_readme_loop_resumes_at_the_first_step_not_completed(tmp_path):
+  # save(n) after n steps; restore_latest() returns n; range(n, total) runs the rest.
+  total, every = 7, 2
+
+  def loop(stop_after=None):
+    repl, model, optimizer, checkpointer, train = _trainer("multi_gpu_2", tmp_path)
+    start = checkpointer.restore_latest() or 0
+    ran = []
+    for step in range(start, total):
+      if step == stop_after:
+        break  # the process dies here: steps after the last save are lost
+      train(1)
+      ran.append(step)
+      if (step + 1) % every == 0 or step + 1 == total:
+        checkpointer.save(step + 1)
+    return start, ran, lambda: _state(model, optimizer)
+
+  _, ran, want = loop()
+  want = want()
+  assert ran == list(range(total))
+  shutil.rmtree(tmp_path)
+  start, ran, _ = loop(stop_after=5)  # saves after 2 and 4 steps, dies after 5
+  assert (start, ran) == (0, [0, 1, 2, 3, 4])
+  start, ran, got = loop()
+  assert (start, ran) == (4, [4, 5, 6])  # the fifth step (4) again: it was not saved
+  for g, w in zip(got(), want):
+    np.testing.assert_array_equal(g, w)
+  start, ran, _ = loop()  # a finished run: nothing left
+  assert (start, ran) == (total, [])
 
 
 def test_restore_on_another_number_of_replicas(tmp_path):

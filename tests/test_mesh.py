@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -79,3 +81,53 @@ def test_joining_a_server_of_another_cluster_names_both():
                 server(["a:1", "b:1"], 1, job="chief")):
     with pytest.raises(RuntimeError, match=r"worker 1 of \['a:1', 'b:1'\].*same TF_CONFIG"):
       cluster._check_same_cluster(other, mesh)
+
+
+_CPU_REPLICAS = r"""
+import json
+import tensorflow as tf
+import replicator
+
+repl = replicator.MultiGpuReplicator(cpu_replicas=3)
+again = replicator.MultiGpuReplicator(cpu_replicas=3)  # TensorFlow started: same count is fine
+errors = []
+for bad in (0, True, 2.0):
+  try:
+    replicator.MultiGpuReplicator(cpu_replicas=bad)
+  except ValueError as error:
+    errors.append(str(error))
+try:
+  replicator.MultiGpuReplicator(cpu_replicas=2)
+except RuntimeError as error:
+  errors.append(str(error))
+
+with repl.context():
+  v = tf.Variable(0.0)
+def step_fn():
+  return repl.all_sum(tf.constant(1.0))
+out = repl.run(step_fn)
+print(json.dumps({"replicas": repl.num_replicas, "again": again.num_replicas,
+                  "devices": list(repl.mesh.local_devices), "sum": out.numpy().tolist(),
+                  "repr": repr(repl), "errors": errors}))
+"""
+
+
+def test_cpu_replicas_splits_the_cpu_and_names_its_argument_in_errors():
+  # A process of its own: the suite's process has fixed its logical CPUs already.
+  env = {k: v for k, v in os.environ.items() if k != "REPLICATOR_LOGICAL_CPUS"}
+  env["CUDA_VISIBLE_DEVICES"] = ""
+  result = subprocess.run([sys.executable, "-c", _CPU_REPLICAS], env=env,
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(result.stdout.strip().splitlines()[-1])
+  assert report["replicas"] == 3 and report["again"] == 3
+  assert report["devices"] == ["CPU:0", "CPU:1", "CPU:2"]
+  assert report["sum"] == [3.0, 3.0, 3.0]  # every replica took part
+  assert report["repr"] == ("MultiGpuReplicator(num_replicas=3, num_workers=1, "
+                            "devices=['CPU:0', 'CPU:1', 'CPU:2'])")
+  bad_values, started = report["errors"][:3], report["errors"][3:]
+  for given, error in zip(("0", "True", "2.0"), bad_values):
+    assert error == f"cpu_replicas: expected an int >= 1, got {given}."
+  assert len(started) == 1 and started[0].startswith(
+      "cpu_replicas: cannot split the CPU into 2 devices: TensorFlow has already "
+      "started with 3."), started

@@ -123,15 +123,20 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
   name = property(lambda self: self._vars[0].name)
   dtype = property(lambda self: self._vars[0].dtype)
   shape = property(lambda self: self._vars[0].shape)
-  trainable = property(lambda self: self._vars[0].trainable)
+  trainable = property(lambda self: self._vars[0].trainable,
+                       doc="Whether gradients are taken for it (as tf.Variable).")
   constraint = property(lambda self: self._vars[0].constraint)
-  synchronization = property(lambda self: self._vars[0].synchronization)
-  aggregation = property(lambda self: self._aggregation)
+  synchronization = property(lambda self: self._vars[0].synchronization,
+                             doc="The `tf.VariableSynchronization` it was made with.")
+  aggregation = property(lambda self: self._aggregation,
+                         doc="How a write inside a step merges over replicas "
+                             "(`tf.VariableAggregation`; NONE: a float mean).")
   _unique_id = property(lambda self: self._vars[0]._unique_id)  # pylint: disable=protected-access
   _shared_name = property(lambda self: self._vars[0]._shared_name)  # pylint: disable=protected-access
   _in_graph_mode = property(lambda self: self._vars[0]._in_graph_mode)  # pylint: disable=protected-access
   device = property(lambda self: self._current.device)
-  handle = property(lambda self: self._current.handle)
+  handle = property(lambda self: self._current.handle,
+                    doc="The resource handle of the copy on the current replica's device.")
   graph = property(lambda self: self._current.graph)
   initializer = property(lambda self: self._vars[0].initializer)
   initial_value = property(lambda self: self._vars[0].initial_value)
@@ -146,6 +151,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     return self._current.read_value()
 
   def numpy(self):
+    """The value as a NumPy array (every copy holds the same value)."""
     return self._vars[0].numpy()
 
   def __array__(self, dtype=None):
