@@ -34,6 +34,8 @@ import traceback
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import common
+
 RESULTS = []
 
 
@@ -289,7 +291,10 @@ def main():
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"command": "python3 -m benchmarks.device.gpu_check"
-                            + (" --cpu" if args.cpu else ""), "results": RESULTS}, f, indent=1)
+                            + (" --cpu" if args.cpu else ""),
+                 "machine": common.machine() + ("" if args.cpu else
+                                                ", its GPU split into 2 logical GPUs of 8 GiB"),
+                 "results": RESULTS}, f, indent=1)
   failed = [r["check"] for r in RESULTS if not r["ok"]]
   print("failed:", failed or "none", flush=True)
   if failed:
