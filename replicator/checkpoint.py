@@ -19,6 +19,11 @@ from replicator.inputs import positions
 
 POINTER = "latest.json"
 
+# TensorFlow's checkpoint writer logs "Sharding callback duration: N microseconds" at
+# INFO through absl on every write: a line after each save that says nothing to act on.
+logging.getLogger("absl").addFilter(
+    lambda record: not str(record.msg).startswith("Sharding callback duration"))
+
 
 class Checkpointer:
   """Saves and restores training state; call it on every worker.

@@ -1,26 +1,53 @@
 """Starts N local workers of a training script, each with its TF_CONFIG.
 
-  python -m replicator.launch --workers 2 [--devices-per-worker 2] -- python train.py ARGS
+  python -m replicator.launch --workers 2 [--devices-per-worker 2] [--log-dir DIR]
+      [--tee {chief,all}] [--max-restarts N] [--host ADDRESS] -- python train.py ARGS
 
-Workers listen on free ports of 127.0.0.1 (`--host` to change that). Each
-line a worker prints is prefixed with `[worker i]`. When a worker fails, the
-others are stopped and the launcher exits with the failed worker's code.
-Interrupted (Ctrl-C, SIGTERM, SIGHUP), it stops the workers (SIGTERM, then
-SIGKILL after 5 s) and exits with 128 + the signal's number.
+`replicator-launch` is the same command, installed as a console script.
+
+Each worker gets `TF_CONFIG`, which lists every worker's address (`--host`,
+127.0.0.1 by default, with a free port each) and gives the worker its index
+(worker 0 is the chief), and `REPLICATOR_RESTART_COUNT`, the attempt it belongs
+to (0, then 1 after the first restart, ...).
+
+Output: each line a worker prints is prefixed with `[worker i]`, the launcher's
+own lines with `[launch]`. By default (`--tee chief`) only worker 0's lines
+reach the terminal; `--tee all` shows every worker's. `--log-dir DIR` also
+writes each worker's lines, unprefixed, to DIR/worker_<i>.log (replaced when a
+job starts, appended to after a separator line when it restarts). When a worker
+whose lines the terminal did not show fails, its last 20 lines are printed after
+the failure, so its error is never lost.
+
+Failures: when a worker exits with a non-zero code (an error such as
+`replicator.WorkerLost`, or killed by a signal), the others are stopped
+(SIGTERM, then SIGKILL after 5 s). With `--max-restarts N`, the whole job then
+starts again, on fresh ports with the same command, up to N times; the script
+resumes from its last checkpoint (`start = checkpointer.restore_latest() or 0`).
+The launcher exits with 0 when the last attempt succeeds, otherwise with the
+failed worker's code (128 + N for a worker killed by signal N). Interrupted
+(Ctrl-C, SIGTERM, SIGHUP), it stops the workers, never restarts them, and exits
+with 128 + the signal's number.
+
+Security: TensorFlow's gRPC collectives are unauthenticated, and TensorFlow's
+server listens on every interface of its port (it has no bind-address option);
+`--host` only sets the address the workers are told. Run workers on a trusted
+network only.
 """
 
 import argparse
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 from typing import List, Optional, Sequence
 
 from replicator.gpu import LOGICAL_CPUS_ENV
+from replicator.launch_supervisor import RESTART_COUNT_ENV
+from replicator.launch_supervisor import TAIL_LINES
+from replicator.launch_supervisor import Terminal
+from replicator.launch_supervisor import supervise
+
+TEE_CHOICES = ("chief", "all")
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
@@ -38,13 +65,20 @@ def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
 
 def worker_environments(num_workers: int, host: str = "127.0.0.1",
                         devices_per_worker: Optional[int] = None,
-                        base_env=None) -> List[dict]:
-  addresses = [f"{host}:{port}" for port in free_ports(num_workers, host)]
+                        base_env=None, restart_count: int = 0) -> List[dict]:
+  """Each worker's environment: `TF_CONFIG` on fresh ports, and the attempt's number."""
+  try:
+    ports = free_ports(num_workers, host)
+  except OSError as error:
+    raise ValueError(f"--host: cannot take a port on {host!r} ({error.strerror or error}); "
+                     "give an address of this machine, such as 127.0.0.1.") from error
+  addresses = [f"{host}:{port}" for port in ports]
   envs = []
   for index in range(num_workers):
     env = dict(os.environ if base_env is None else base_env)
     env["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
                                    "task": {"type": "worker", "index": index}})
+    env[RESTART_COUNT_ENV] = str(restart_count)
     if devices_per_worker:
       env[LOGICAL_CPUS_ENV] = str(devices_per_worker)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -52,114 +86,111 @@ def worker_environments(num_workers: int, host: str = "127.0.0.1",
   return envs
 
 
-def _pump(stream, prefix: str, out):
-  for line in iter(stream.readline, b""):
-    out.write(prefix + line.decode(errors="replace"))
-    out.flush()
-  stream.close()
-
-
-def _stop(processes, grace_s: float = 5.0):
-  for p in processes:
-    if p.poll() is None:
-      p.send_signal(signal.SIGTERM)
-  deadline = time.time() + grace_s
-  for p in processes:
-    while p.poll() is None and time.time() < deadline:
-      time.sleep(0.05)
-    if p.poll() is None:
-      p.kill()
-      p.wait()
-
-
-class _Stopped(Exception):
-  """The launcher got SIGTERM or SIGHUP."""
-
-  def __init__(self, signum: int):
-    super().__init__(signum)
-    self.signum = signum
-
-
-def _raise_stopped(signum, unused_frame):
-  for s in (signal.SIGTERM, signal.SIGHUP):  # a second one must not cut _stop short
-    signal.signal(s, signal.SIG_IGN)
-  raise _Stopped(signum)
-
-
 def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
-           devices_per_worker: Optional[int] = None, out=sys.stdout) -> int:
-  """Runs `command` as `num_workers` workers; returns the exit code."""
+           devices_per_worker: Optional[int] = None, out=None, *,
+           log_dir: Optional[str] = None, tee: str = "chief", max_restarts: int = 0) -> int:
+  """Runs `command` as `num_workers` workers; returns the launcher's exit code.
+
+  `out` (sys.stdout by default) gets the lines shown on the terminal. The other
+  arguments are the command line's options (see the module's docstring).
+
+  Raises:
+    ValueError: an argument is out of range, or the command cannot start.
+  """
   if num_workers < 1:
     raise ValueError(f"--workers: must be >= 1, got {num_workers}.")
+  if devices_per_worker is not None and devices_per_worker < 1:
+    raise ValueError(f"--devices-per-worker: must be >= 1, got {devices_per_worker}; "
+                     "leave it out to keep each worker's devices as they are.")
+  if max_restarts < 0:
+    raise ValueError(f"--max-restarts: must be >= 0, got {max_restarts}.")
+  if tee not in TEE_CHOICES:
+    raise ValueError(f"--tee: must be one of {', '.join(TEE_CHOICES)}, got {tee!r}.")
   if not command:
-    raise ValueError("command: give the worker command after `--`.")
-  envs = worker_environments(num_workers, host, devices_per_worker)
-  processes, pumps = [], []
-  handlers = {}
-  if threading.current_thread() is threading.main_thread():
-    handlers = {s: signal.signal(s, _raise_stopped)
-                for s in (signal.SIGTERM, signal.SIGHUP)}
-  code = 0
-  try:
-    for index, env in enumerate(envs):
-      try:
-        p = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT)
-      except OSError as error:
-        _stop(processes)
-        raise ValueError(f"command: cannot start {command[0]!r}: {error.strerror}.") from error
-      processes.append(p)
-      pump = threading.Thread(target=_pump, args=(p.stdout, f"[worker {index}] ", out),
-                              daemon=True)
-      pump.start()
-      pumps.append(pump)
-    running = set(range(num_workers))
-    while running:
-      for index in sorted(running):
-        status = processes[index].poll()
-        if status is None:
-          continue
-        running.discard(index)
-        if status != 0:
-          out.write(f"[launch] worker {index} exited with code {status}; "
-                    "stopping the others.\n")
-          code = status if status > 0 else 128 - status
-          _stop(processes)
-          running.clear()
-          break
-      time.sleep(0.05)
-  except KeyboardInterrupt:
-    _stop(processes)
-    code = 128 + signal.SIGINT
-  except _Stopped as stopped:
-    out.write(f"[launch] got signal {stopped.signum}; stopping the workers.\n")
-    _stop(processes)
-    code = 128 + stopped.signum
-  finally:
-    for s, handler in handlers.items():
-      signal.signal(s, handler)
-  for pump in pumps:
-    pump.join(timeout=5)
-  return code
+    raise ValueError("command: give the worker command after `--`, e.g. "
+                     "`--workers 2 -- python train.py`.")
+  if log_dir is not None:
+    try:
+      os.makedirs(log_dir, exist_ok=True)
+    except OSError as error:
+      raise ValueError(f"--log-dir: cannot create {log_dir!r} ({error.strerror}); give a "
+                       "directory this user may write to.") from error
+  terminal = Terminal(sys.stdout if out is None else out)
+  if tee == "chief" and num_workers > 1:
+    kept = (f"; each worker's lines are in {os.path.join(log_dir, 'worker_<i>.log')}"
+            if log_dir is not None else "")
+    terminal.launcher(f"showing worker 0's lines (--tee all shows every worker's){kept}.")
+  return supervise(
+      command, lambda restart: worker_environments(num_workers, host, devices_per_worker,
+                                                   restart_count=restart),
+      terminal, tee_all=tee == "all", log_dir=log_dir, max_restarts=max_restarts)
 
 
-def main(argv=None):
+def _parser(prog: str) -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog=prog,
+      usage=f"{prog} --workers N [options] -- COMMAND [ARGS ...]",
+      description="Starts N local workers of COMMAND, each with its TF_CONFIG, and "
+      "supervises them: one failing stops the others, and the job restarts if asked.",
+      epilog=f"Each worker gets TF_CONFIG and {RESTART_COUNT_ENV} (0, then 1 after the "
+      "first restart, ...). Exit code: 0 when the last attempt succeeds, else the failed "
+      "worker's (128 + N if killed by signal N); 128 + N when the launcher gets signal N.")
+  parser.add_argument("--workers", type=int, metavar="N",
+                      help="number of worker processes to start (required)")
+  parser.add_argument("--devices-per-worker", type=int, metavar="N", default=None,
+                      help="split each worker's CPU into N logical devices (CPU-only "
+                      "machines; default: leave the devices as they are)")
+  parser.add_argument("--host", default="127.0.0.1", metavar="ADDRESS",
+                      help="address the workers are told to reach each other at (default "
+                      "127.0.0.1); TensorFlow's server still listens on every interface of "
+                      "its port, so run on a trusted network")
+  parser.add_argument("--log-dir", metavar="DIR", default=None,
+                      help="also write each worker's lines to DIR/worker_<i>.log (replaced "
+                      "at the start, appended to on restarts)")
+  parser.add_argument("--tee", choices=TEE_CHOICES, default="chief",
+                      help="whose lines the terminal shows: worker 0's (default) or every "
+                      f"worker's; a failed worker's last {TAIL_LINES} lines are always shown")
+  parser.add_argument("--max-restarts", type=int, metavar="N", default=0,
+                      help="restart the whole job up to N times when a worker fails "
+                      "(default 0); the script resumes from its last checkpoint")
+  return parser
+
+
+def _prog() -> str:
+  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+  return "replicator-launch" if name.startswith("replicator-launch") \
+      else "python -m replicator.launch"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The command line (`python -m replicator.launch`, `replicator-launch`); returns the
+  exit code: `sys.exit(main())`."""
   argv = list(sys.argv[1:] if argv is None else argv)
-  if "--" not in argv:
-    print(__doc__)
-    return 2
-  split = argv.index("--")
-  parser = argparse.ArgumentParser(prog="python -m replicator.launch")
-  parser.add_argument("--workers", type=int, required=True)
-  parser.add_argument("--devices-per-worker", type=int, default=None,
-                      help="logical CPU devices per worker (CPU-only machines)")
-  parser.add_argument("--host", default="127.0.0.1",
-                      help="address the workers bind (default: loopback only)")
-  args = parser.parse_args(argv[:split])
+  prog = _prog()
+  parser = _parser(prog)
+  split = argv.index("--") if "--" in argv else len(argv)
+  command = argv[split + 1:]
+  example = f"`{prog} --workers 2 -- python train.py`"
+  try:  # argparse exits: 0 after --help, 2 after a usage error (both printed)
+    args, unknown = parser.parse_known_args(argv[:split])
+    if unknown and split == len(argv) and not unknown[0].startswith("-"):
+      parser.error(f"command: put the worker command after `--`; got {' '.join(unknown)!r} "
+                   f"without it, e.g. {example}.")
+    if unknown:
+      parser.error(f"unrecognized arguments: {' '.join(unknown)}; see {prog} --help.")
+    if args.workers is None and not command:
+      parser.error(f"give --workers and the worker command after `--`, e.g. {example}.")
+    if args.workers is None:
+      parser.error(f"--workers: required; give the number of workers, e.g. {example}.")
+    if not command:
+      parser.error(f"command: give the worker command after `--`, e.g. {example}.")
+  except SystemExit as exit_:
+    return exit_.code if isinstance(exit_.code, int) else 0
   try:
-    return launch(argv[split + 1:], args.workers, args.host, args.devices_per_worker)
+    return launch(command, args.workers, args.host, args.devices_per_worker,
+                  log_dir=args.log_dir, tee=args.tee, max_restarts=args.max_restarts)
   except ValueError as error:
-    print(f"python -m replicator.launch: error: {error}", file=sys.stderr)
+    print(f"{prog}: error: {error}", file=sys.stderr)
     return 2
 
 

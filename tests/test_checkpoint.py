@@ -152,6 +152,16 @@ def test_saving_a_step_again_keeps_the_visible_checkpoint_until_the_pointer_move
   assert float(restored) == 5.0
 
 
+def test_a_save_logs_no_sharding_duration_but_other_info_lines_pass(tmp_path, caplog):
+  absl_logger = logging.getLogger("absl")
+  with caplog.at_level(logging.INFO, logger="absl"):
+    replicator.Checkpointer(tmp_path, counter=tf.Variable(1)).save(1)
+    absl_logger.info("a line of the user's")
+  messages = [r.getMessage() for r in caplog.records if r.name == "absl"]
+  assert "a line of the user's" in messages
+  assert not [m for m in messages if "Sharding callback" in m], messages
+
+
 def test_a_directory_must_be_a_path_and_a_step_any_integer(tmp_path):
   with pytest.raises(ValueError, match="directory"):
     replicator.Checkpointer(None, counter=tf.Variable(1))

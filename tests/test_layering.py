@@ -17,6 +17,7 @@ LAYERS = {
     "nn": 5, "optimizers": 5,
     "base": 6,                             # `Replicator`, written once
     "gpu": 7, "testing": 7, "tpu": 7,
+    "launch_supervisor": 7,                # the launcher's processes, below its command line
     "checkpoint": 8, "launch": 8,
     "__init__": 9,
 }
