@@ -42,7 +42,7 @@ DATASET = "imagenet2012"                           # or "tfrecord" (then LABEL_O
 LABEL_OFFSET = 0
 MANUAL_DIR = ""                                    # ILSVRC2012 tars, if TFDS must prepare.
 INCEPTION_WEIGHTS = "/content/inception_v3_weights_tf_dim_ordering_tf_kernels.h5"
-RESULTS_DIR = "/content/gan_imagenet128"
+WORKDIR = "/content/gan_imagenet128"
 BATCH_SIZES = "8,16,32,64,128,256,512"
 # The paper compares models after equal generator steps; 100k steps at batch
 # 512 with n_dis=5 is days on one v3-8. Start small and raise it.
@@ -60,7 +60,7 @@ command = [
     f"--num_generator_steps={GENERATOR_STEPS}", "--evals_per_run=4",
     "--noclassifier_metrics", f"--inception_weights={INCEPTION_WEIGHTS}",
     "--num_eval_samples=10000", "--num_real_examples=10000",
-    f"--results_dir={RESULTS_DIR}", "--grid_class=207",  # golden retriever
+    f"--workdir={WORKDIR}", "--grid_class=207",  # golden retriever
 ]
 if MANUAL_DIR:
   command.append(f"--manual_dir={MANUAL_DIR}")
@@ -70,9 +70,9 @@ subprocess.run(command, cwd=REPO, check=True)
 # The table and the figures.
 from IPython.display import Image, Markdown, display  # pylint: disable=g-import-not-at-top
 
-display(Markdown(open(f"{RESULTS_DIR}/results.md").read()))
+display(Markdown(open(f"{WORKDIR}/results.md").read()))
 for name in ("quality_vs_batch_size", "quality_vs_steps", "samples_by_batch_size"):
-  display(Image(f"{RESULTS_DIR}/{name}.png"))
+  display(Image(f"{WORKDIR}/{name}.png"))
 
 # %% [markdown]
 # One run by hand (TensorBoard: `%load_ext tensorboard`,

@@ -3,7 +3,8 @@
 ``imagenet128`` is the architecture of the TF-Replicator paper's batch-size
 study (SN-GAN with projection discriminator at 128x128, ch=64).
 ``cifar32`` is the authors' CIFAR-10 model. ``small`` shrinks the CIFAR model
-until a sweep over batch sizes fits in about 20 minutes on 2 CPU cores.
+until a sweep over batch sizes fits in minutes on 2 CPU cores (the default
+sweep, 8 runs of 500 generator steps: 390 s measured, examples/gan/README.md).
 """
 
 import dataclasses
@@ -73,7 +74,7 @@ CIFAR32 = GanConfig(
 # Widths 32-16-8 (G) and 8-16 (D): the 32x32 layers dominate the cost on CPU.
 # The one departure from the paper's recipe: Adam's step is 1e-3, not 2e-4.
 # At 2e-4 no model, whatever its batch, improved within the 300 generator
-# steps that fit in the 20-minute budget (Fréchet classifier distance flat at
+# steps that fitted the sweep's time budget then (Fréchet classifier distance flat at
 # ~150 from step 100 to 300 at batch 64); at 1e-3 the batch-size effect shows
 # within 400 steps (batch 64: 38 vs batch 8: 56). See README.md.
 SMALL = CIFAR32.replace(

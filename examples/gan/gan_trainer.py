@@ -6,6 +6,7 @@ generator and sampling steps that ``repl.run`` runs; `restore` checkpoints
 its state (the noise generator included) and resumes it.
 """
 
+from absl import logging
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
@@ -28,7 +29,7 @@ class GanTrainer:
           f"global_batch_size: {config.global_batch_size} does not split over "
           f"{repl.num_replicas} replicas. Pass a --global_batch_size (sweep: "
           f"--batch_sizes) that is a multiple of {repl.num_replicas}, or a "
-          "number of replicas (--num_cpu_devices) that divides it.")
+          "number of replicas (--cpu_replicas on a CPU) that divides it.")
     self.per_replica_batch_size = config.global_batch_size // repl.num_replicas
     tf.random.set_seed(seed)
     with repl.context():
@@ -111,14 +112,26 @@ class GanTrainer:
 def restore(trainer: GanTrainer, directory: str):
   """A Checkpointer of the trainer's state, after restoring the latest checkpoint.
 
-  The noise generator is saved too, so a resumed run draws the noise and fake
-  labels the uninterrupted run would have drawn, not those of step 1 again; a
-  checkpoint written before it was saved restores the rest, and the noise
-  restarts from the seed (with a warning).
+  A checkpoint saved as ``save(n)`` after n generator steps holds
+  ``trainer.step == n``; restoring it logs ``restored step n`` and the run goes
+  on with step n + 1. The noise generator is saved too, so a resumed run draws
+  the noise and fake labels the uninterrupted run would have drawn, not those
+  of step 1 again; a checkpoint written before it was saved restores the
+  rest, and the noise restarts from the seed (with a warning). A checkpoint
+  whose step (the number given to `save`) is not the step counter it holds
+  restores with a warning: the run goes on after the counter's step.
   """
   checkpointer = replicator.Checkpointer(
       directory, generator=trainer.generator, discriminator=trainer.discriminator,
       g_optimizer=trainer.g_optimizer.optimizer,
       d_optimizer=trainer.d_optimizer.optimizer, step=trainer.step, rng=trainer.rng)
-  checkpointer.restore_latest(allow_missing=["rng"])
+  restored = checkpointer.restore_latest(allow_missing=["rng"])
+  if restored is not None:
+    logging.info("restored step %d from %s", restored, directory)
+    counter = int(trainer.step.numpy())
+    if counter != restored:  # a checkpoint not written by `train.train`
+      logging.warning(
+          "%s: the checkpoint saved as step %d holds a step counter of %d; the "
+          "run goes on after step %d, its counter.", directory, restored,
+          counter, counter)
   return checkpointer

@@ -11,11 +11,15 @@ import hashlib
 import json
 import os
 import re
+import time
 from typing import Any, Dict, Optional, Tuple
 
+from absl import logging
 import numpy as np
 import sonnet as snt
 import tensorflow as tf
+
+from examples import common
 
 
 class Classifier(snt.Module):
@@ -36,6 +40,13 @@ class Classifier(snt.Module):
 
   def __call__(self, images: tf.Tensor) -> tf.Tensor:
     return self.logits_layer(self.features(images))
+
+  # One function per classifier, traced once per batch shape: a function made
+  # at each call was traced again at every evaluation (TensorFlow warned of
+  # the retracing).
+  @tf.function(autograph=False)
+  def probabilities_and_features(self, images: tf.Tensor):
+    return tf.nn.softmax(self(images)), self.features(images)
 
 
 def near_chance(accuracy: float, num_classes: int) -> bool:
@@ -111,7 +122,9 @@ def train_classifier(train_data, test_data, num_classes: int, *,
   entry = cache_dir and classifier_cache_dir(cache_dir, settings)
   info_path = entry and os.path.join(entry, "classifier.json")
   if info_path and tf.io.gfile.exists(info_path):
-    _restore_cached(checkpoint, entry, settings, num_classes)
+    accuracy = _restore_cached(checkpoint, entry, settings, num_classes)
+    logging.info("metric classifier: cached in %s (test accuracy %.3f)", entry,
+                 accuracy)
     return classifier
 
   optimizer = snt.optimizers.Adam(learning_rate)
@@ -127,9 +140,22 @@ def train_classifier(train_data, test_data, num_classes: int, *,
 
   dataset = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(
       len(images), seed=seed).batch(batch_size, drop_remainder=True)
-  for _ in range(epochs):
+  steps_per_epoch = len(images) // batch_size
+  total = epochs * steps_per_epoch
+  log_every = max(1, steps_per_epoch // 4)
+  logging.info("metric classifier: training on %d images, %d epoch(s) of %d "
+               "steps (batch %d)%s", len(images), epochs, steps_per_epoch,
+               batch_size, f"; cached afterwards in {entry}" if entry else "")
+  start = time.monotonic()
+  progress = common.Progress(total, items_per_step=batch_size)
+  step = 0
+  for epoch in range(epochs):
     for x, y in dataset:
-      train_step(x, y)
+      loss = train_step(x, y)
+      step += 1
+      if step % log_every == 0 or step == total:
+        logging.info("metric classifier: epoch %d/%d, %s", epoch + 1, epochs,
+                     progress.line(step, loss=float(loss)))
   accuracy = float(np.mean(
       np.argmax(predict(classifier, test_data[0])[0], axis=1) == test_data[1]))
   if near_chance(accuracy, num_classes):  # Not cached: nothing to reuse.
@@ -144,12 +170,18 @@ def train_classifier(train_data, test_data, num_classes: int, *,
     checkpoint.write(os.path.join(entry, "classifier"))
     with tf.io.gfile.GFile(info_path, "w") as f:  # Written last: the marker.
       json.dump({"test_accuracy": accuracy, "settings": settings}, f, indent=1)
+  logging.info("metric classifier: test accuracy %.3f after %s of training%s",
+               accuracy, common.format_duration(time.monotonic() - start),
+               f"; cached in {entry}" if entry else "")
   return classifier
 
 
 def _restore_cached(checkpoint, entry: str, settings: Dict[str, Any],
-                    num_classes: int):
-  """Restores a cached classifier after checking what it was trained on."""
+                    num_classes: int) -> float:
+  """Restores a cached classifier after checking what it was trained on.
+
+  Returns its test accuracy.
+  """
   with tf.io.gfile.GFile(os.path.join(entry, "classifier.json")) as f:
     info = json.load(f)
   stored = info.get("settings") or {}
@@ -179,13 +211,13 @@ def _restore_cached(checkpoint, entry: str, settings: Dict[str, Any],
         f"into this classifier ({type(error).__name__}: "
         f"{first_line}). Delete that directory (it is "
         "retrained) or pass another --cache_dir.") from error
+  return accuracy
 
 
 def predict(classifier: Classifier, images: np.ndarray,
             batch_size: int = 500) -> Tuple[np.ndarray, np.ndarray]:
   """Class probabilities and features of ``images``, in batches."""
-  call = tf.function(lambda x: (tf.nn.softmax(classifier(x)),
-                                classifier.features(x)), autograph=False)
+  call = classifier.probabilities_and_features
   outputs = [call(tf.constant(images[i:i + batch_size]))
              for i in range(0, len(images), batch_size)]
   return tuple(np.concatenate([o[k].numpy() for o in outputs]) for k in (0, 1))

@@ -3,11 +3,12 @@
 `summarize` reduces the runs' records (`sweep.run_one`) to the final metrics
 per batch size; `markdown_table` writes them as ``results.md``'s table;
 `plot_quality` and `plot_samples` draw ``quality_vs_batch_size.png``,
-``quality_vs_steps.png`` and ``samples_by_batch_size.png``.
+``quality_vs_steps.png`` and ``samples_by_batch_size.png`` from the figures
+of `quality_figures` and `samples_figure`, which tests inspect.
 """
 
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -60,66 +61,170 @@ def markdown_table(summary: Dict, records: List[Dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot_quality(summary: Dict, records: List[Dict], results_dir: str):
+DATASET_TITLES = {"fashion_mnist": "Fashion-MNIST", "imagenet2012": "ImageNet",
+                  "tfds:cifar10": "CIFAR-10", "synthetic": "synthetic stripes"}
+# Each metric's axis label, and which way is better.
+AXIS_LABELS = {
+    "frechet_classifier_distance": ("Fréchet classifier distance", "lower is better"),
+    "classifier_score": ("classifier score", "higher is better"),
+    "class_accuracy": ("fraction classified as their class", "higher is better"),
+    "frechet_inception_distance": ("Fréchet Inception Distance", "lower is better"),
+    "inception_score": ("Inception Score", "higher is better"),
+}
+
+
+def dataset_title(dataset: str) -> str:
+  """The name a figure gives a config's dataset (`configs.GanConfig.dataset`)."""
+  return DATASET_TITLES.get(dataset, dataset.split(":", 1)[-1])
+
+
+def _pyplot():
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _steps_and_classes(records: List[Dict], num_classes: Optional[int]):
+  """The runs' generator steps and n_dis, and the class count (None if unknown)."""
+  steps = max(r["history"][-1]["step"] for r in records)
+  config = (records[0].get("settings") or {}).get("config") or {}
+  return steps, config.get("n_dis"), num_classes or config.get("num_classes")
+
+
+def _label_panel(ax, name: str, num_classes: Optional[int]):
+  label, better = AXIS_LABELS[name]
+  ax.set_ylabel(label)
+  ax.set_title(better, fontsize=9)
+  ax.grid(alpha=0.3)
+  if name == "class_accuracy" and num_classes:
+    chance = 1.0 / num_classes
+    ax.axhline(chance, color="gray", linestyle="--", linewidth=1,
+               label=f"chance ({chance:.2g}, {num_classes} classes)")
+
+
+def quality_figures(summary: Dict, records: List[Dict], *, dataset: str = "",
+                    num_classes: Optional[int] = None):
+  """The figures of ``quality_vs_batch_size.png`` and ``quality_vs_steps.png``.
+
+  Every panel has its metric as y label; the titles name the dataset and the
+  generator steps; the class-accuracy panels mark chance (1 / `num_classes`,
+  read from the records' settings when not given) with a dashed line.
+  """
+  plt = _pyplot()
   names = [n for n in METRIC_NAMES if n in next(iter(summary.values()))]
   batches = sorted(int(b) for b in summary)
+  steps, n_dis, num_classes = _steps_and_classes(records, num_classes)
+  about = f"{dataset}: " if dataset else ""
+  after = f"{steps} generator steps" + (f" (n_dis={n_dis})" if n_dis else "")
+  seeds = sorted({r["seed"] for r in records})
 
-  fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6))
-  for ax, name in zip(np.atleast_1d(axes), names):
+  by_batch, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 4.0),
+                                squeeze=False)
+  for ax, name in zip(axes[0], names):
     stats = [summary[str(b)][name] for b in batches]
     means = np.array([s["mean"] for s in stats])
     spread = np.array([[m - s["min"] for m, s in zip(means, stats)],
                        [s["max"] - m for m, s in zip(means, stats)]])
-    ax.errorbar(batches, means, yerr=spread, marker="o", capsize=4)
-    for b, s in zip(batches, stats):
-      ax.scatter([b] * len(s["values"]), s["values"], color="gray", s=10, zorder=3)
+    ax.errorbar(batches, means, yerr=spread, marker="o", capsize=4,
+                label="mean, min to max over seeds")
+    for i, (b, s) in enumerate(zip(batches, stats)):
+      ax.scatter([b] * len(s["values"]), s["values"], color="gray", s=10, zorder=3,
+                 label="one seed" if i == 0 else None)
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.set_xlabel("global batch size")
-    ax.set_title(METRIC_NAMES[name], fontsize=9)
-    ax.grid(alpha=0.3)
-  fig.suptitle("Sample quality vs batch size (equal generator steps; bars: "
-               "min-max over seeds, dots: seeds)", fontsize=9)
-  fig.tight_layout()
-  fig.savefig(os.path.join(results_dir, "quality_vs_batch_size.png"), dpi=110)
-  plt.close(fig)
+    _label_panel(ax, name, num_classes)
+    ax.legend(fontsize=7)
+  by_batch.suptitle(f"{about}sample quality vs global batch size after {after}, "
+                    f"seeds {', '.join(map(str, seeds))}", fontsize=10)
+  by_batch.tight_layout()
 
-  fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.6))
-  for ax, name in zip(np.atleast_1d(axes), names):
+  by_steps, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 4.0),
+                                squeeze=False)
+  for ax, name in zip(axes[0], names):
     for b in batches:
       runs = [r["history"] for r in records if r["global_batch_size"] == b]
-      steps = [h["step"] for h in runs[0]]
+      run_steps = [h["step"] for h in runs[0]]
       values = np.array([[h[name] for h in run] for run in runs])
-      line, = ax.plot(steps, values.mean(0), marker=".", label=f"batch {b}")
-      ax.fill_between(steps, values.min(0), values.max(0),
+      line, = ax.plot(run_steps, values.mean(0), marker=".", label=f"batch {b}")
+      ax.fill_between(run_steps, values.min(0), values.max(0),
                       color=line.get_color(), alpha=0.2)
     ax.set_xlabel("generator steps")
-    ax.set_title(METRIC_NAMES[name], fontsize=9)
-    ax.grid(alpha=0.3)
-  np.atleast_1d(axes)[0].legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(os.path.join(results_dir, "quality_vs_steps.png"), dpi=110)
-  plt.close(fig)
+    _label_panel(ax, name, num_classes)
+    ax.legend(fontsize=7)
+  by_steps.suptitle(f"{about}sample quality during training, {after}; line: mean "
+                    "over seeds, band: min to max", fontsize=10)
+  by_steps.tight_layout()
+  return by_batch, by_steps
+
+
+def plot_quality(summary: Dict, records: List[Dict], results_dir: str, *,
+                 dataset: str = "", num_classes: Optional[int] = None):
+  """Writes ``quality_vs_batch_size.png`` and ``quality_vs_steps.png``."""
+  plt = _pyplot()
+  figures = quality_figures(summary, records, dataset=dataset,
+                            num_classes=num_classes)
+  for figure, name in zip(figures, ("quality_vs_batch_size", "quality_vs_steps")):
+    figure.savefig(os.path.join(results_dir, f"{name}.png"), dpi=110)
+    plt.close(figure)
+
+
+# Each generated image is drawn at least this many pixels wide (nearest
+# neighbour, a whole number of pixels per image pixel), so each can be judged.
+SAMPLE_PIXELS = 96
+
+
+def tile(images: np.ndarray, gap: int = 1) -> np.ndarray:
+  """A square grid of `images` ([N, H, W, C] in [-1, 1]) in [0, 1], gaps mid-gray."""
+  n = int(np.sqrt(len(images)))
+  h, w, c = images.shape[1:]
+  grid = np.full([n * h + (n - 1) * gap, n * w + (n - 1) * gap, c], 0.5)
+  for i in range(n * n):
+    row, col = divmod(i, n)
+    grid[row * (h + gap):row * (h + gap) + h,
+         col * (w + gap):col * (w + gap) + w] = (images[i] + 1) / 2
+  return np.clip(grid, 0, 1)
+
+
+def samples_figure(grids: Dict[int, np.ndarray], title: str):
+  """One panel of samples per batch size, each image `SAMPLE_PIXELS` wide or more.
+
+  The axes are placed in whole pixels, so at ``dpi=100`` every image pixel
+  becomes a block of ``scale x scale`` figure pixels.
+  """
+  plt = _pyplot()
+  items = sorted(grids.items())
+  height = items[0][1].shape[1]
+  scale = -(-SAMPLE_PIXELS // height)
+  tiles = [np.repeat(np.repeat(tile(images), scale, 0), scale, 1)
+           for _, images in items]
+  side = max(t.shape[0] for t in tiles)
+  columns = int(np.ceil(np.sqrt(len(items)))) if len(items) > 3 else len(items)
+  rows = -(-len(items) // columns)
+  margin, caption, top, dpi = 20, 30, 50, 100
+  width = columns * side + (columns + 1) * margin
+  total = top + rows * (caption + side + margin)
+  fig = plt.figure(figsize=(width / dpi, total / dpi), dpi=dpi)
+  for i, ((batch, _), image) in enumerate(zip(items, tiles)):
+    row, col = divmod(i, columns)
+    left = margin + col * (side + margin)
+    upper = top + row * (caption + side + margin) + caption
+    ax = fig.add_axes([left / width, 1 - (upper + image.shape[0]) / total,
+                       image.shape[1] / width, image.shape[0] / total])
+    gray = image.shape[-1] == 1
+    ax.imshow(image[..., 0] if gray else image, cmap="gray" if gray else None,
+              vmin=0, vmax=1, interpolation="nearest")
+    ax.set_title(f"global batch {batch}", fontsize=11)
+    ax.axis("off")
+  fig.suptitle(title, fontsize=12, y=1 - 12 / total, va="top")
+  return fig
 
 
 def plot_samples(grids: Dict[int, np.ndarray], results_dir: str, title: str):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, len(grids), figsize=(2.6 * len(grids), 2.9))
-  for ax, (batch, images) in zip(np.atleast_1d(axes), sorted(grids.items())):
-    n = int(np.sqrt(len(images)))
-    h, w, c = images.shape[1:]
-    tiled = images[:n * n].reshape(n, n, h, w, c).transpose(0, 2, 1, 3, 4)
-    tiled = (tiled.reshape(n * h, n * w, c) + 1) / 2
-    ax.imshow(np.clip(tiled.squeeze(-1) if c == 1 else tiled, 0, 1),
-              cmap="gray" if c == 1 else None)
-    ax.set_title(f"global batch {batch}", fontsize=9)
-    ax.axis("off")
-  fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(os.path.join(results_dir, "samples_by_batch_size.png"), dpi=110)
+  """Writes ``samples_by_batch_size.png`` (`samples_figure`)."""
+  plt = _pyplot()
+  fig = samples_figure(grids, title)
+  fig.savefig(os.path.join(results_dir, "samples_by_batch_size.png"),
+              dpi=fig.get_dpi())
   plt.close(fig)

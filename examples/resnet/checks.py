@@ -8,7 +8,7 @@ import replicator
 
 def check_flags(global_batch_size: int, eval_batch_size, epochs: float,
                 warmup_epochs: float, eval_every_epochs: float,
-                checkpoint_every_epochs: float, log_every_steps: int):
+                checkpoint_every_epochs: float, log_every: int):
   """Raises on flag values that would train wrongly or not at all, before any work."""
   fixes = {"global_batch_size": "e.g. --global_batch_size=1024",
            "eval_batch_size": "or leave it out to use --global_batch_size",
@@ -16,11 +16,11 @@ def check_flags(global_batch_size: int, eval_batch_size, epochs: float,
            "eval_every_epochs": "e.g. --eval_every_epochs=1; to evaluate once, at the "
                                 "end, pass --eval_every_epochs equal to --epochs",
            "checkpoint_every_epochs": "e.g. --checkpoint_every_epochs=1",
-           "log_every_steps": "e.g. --log_every_steps=100"}
+           "log_every": "e.g. --log_every=100"}
   values = dict(global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
                 epochs=epochs, eval_every_epochs=eval_every_epochs,
                 checkpoint_every_epochs=checkpoint_every_epochs,
-                log_every_steps=log_every_steps)
+                log_every=log_every)
   for name, value in values.items():
     # `not > 0` also rejects NaN. A zero period used to mean "every step", silently.
     if value is not None and not value > 0:

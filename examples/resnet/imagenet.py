@@ -129,10 +129,22 @@ def image_folder_source(data_dir: str, is_training: bool, ctx) -> tf.data.Datase
                 num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def _import_tfds():
+  """`tensorflow_datasets`, which only --dataset=imagenet_tfds needs."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError(
+        "--dataset=imagenet_tfds: needs the tensorflow-datasets package; pip install "
+        "tensorflow-datasets (or the examples' extra: pip install -e \".[examples]\"), "
+        "or pass --dataset=imagenet_tfrecord or image_folder.") from None
+  return tfds
+
+
 def tfds_builder(data_dir: Optional[str], manual_dir: Optional[str] = None,
                  name: str = "imagenet2012"):
   """The prepared TFDS builder, prepared first from the archives in manual_dir if given."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds = _import_tfds()
   builder = tfds.builder(name, data_dir=data_dir)
   if manual_dir:
     builder.download_and_prepare(
@@ -149,7 +161,7 @@ def tfds_builder(data_dir: Optional[str], manual_dir: Optional[str] = None,
 def tfds_source(data_dir: Optional[str], is_training: bool, ctx,
                 manual_dir: Optional[str] = None, name: str = "imagenet2012"):
   """TFDS `imagenet2012`, prepared from the manually downloaded archives in manual_dir."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds = _import_tfds()
   builder = tfds_builder(data_dir, manual_dir, name)
   split = "train" if is_training else "validation"
   if ctx.num_input_pipelines > 1:

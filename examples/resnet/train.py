@@ -3,14 +3,19 @@ r"""Trains a ResNet with `replicator`: ImageNet on GPUs or TPUs, Fashion-MNIST o
 Fashion-MNIST on this machine's CPU, split into two logical devices (see README.md):
 
   python -m examples.resnet.train --dataset=fashion_mnist --model=resnet20 \
-      --replicator=multi_gpu --num_cpu_devices=2 --global_batch_size=128 \
+      --replicator=multi_gpu --cpu_replicas=2 --global_batch_size=128 \
       --base_learning_rate=0.2 --epochs=8.5 --warmup_epochs=0.5 --weight_decay=5e-4 \
-      --eval_every_epochs=8.5 --eval_batch_size=1000 --eval_flip --log_every_steps=117 \
-      --model_dir=/tmp/resnet20_fmnist
+      --eval_every_epochs=8.5 --eval_batch_size=1000 --eval_flip --log_every=117 \
+      --workdir=/tmp/resnet20_fmnist
 
-Every `--log_every_steps` steps (one compiled call) it logs the last step's loss and
-accuracy, the learning rate, images/s and the time per step, and writes them to
-TensorBoard under `--model_dir`.
+The replicator flags (`--replicator`, `--cpu_replicas`, `--tpu`) and the run flags
+(`--global_batch_size`, `--workdir`, `--log_every`) are the ones every example shares
+(`examples/common.py`). Every `--log_every` steps (one compiled call) it logs
+`step n/N`, the epoch, the last step's loss and accuracy, the learning rate, the
+training images/s over those steps (the first interval also traces the step, and
+says so) and an ETA of the training left; each evaluation logs its accuracy, loss
+and image count. With `--workdir`, it writes TensorBoard scalars and checkpoints
+there, and the same command resumes from the last checkpoint.
 """
 
 import os
@@ -24,6 +29,7 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 import replicator
+from examples import common
 from examples.resnet import checks
 from examples.resnet import data
 from examples.resnet import experiment as experiment_lib
@@ -60,8 +66,13 @@ def define_flags():
                     "batch (replicator.nn.CrossReplicaBatchNorm).")
   flags.DEFINE_float("bn_decay", 0.9, "Decay of the batch-norm moving averages.")
   flags.DEFINE_bool("bfloat16", False, "Convolutions in bfloat16 (float32 variables).")
+  # Distribution and bookkeeping: the flags every example shares.
+  common.define_replicator_flags()
+  common.define_run_flags(
+      global_batch_size=1024, workdir=None,
+      global_batch_help="Goyal et al.'s recipe: 1024 on 8 GPUs, 4096 on a TPU v3-8.")
+  flags.adopt_module_key_flags(common)  # --help lists them with this script's own
   # Recipe (Goyal et al., 2017).
-  flags.DEFINE_integer("global_batch_size", 1024, "Images per step, all replicas.")
   flags.DEFINE_integer("eval_batch_size", None, "Global evaluation batch "
                        "(default: --global_batch_size).")
   flags.DEFINE_float("base_learning_rate", 0.1, "Learning rate per 256 images.")
@@ -72,71 +83,83 @@ def define_flags():
   flags.DEFINE_float("momentum", 0.9, "Nesterov momentum.")
   flags.DEFINE_float("weight_decay", 1e-4, "L2 on conv and linear kernels only.")
   flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
-  # Distribution.
-  flags.DEFINE_enum("replicator", "multi_gpu", ["gpu", "multi_gpu", "tpu"],
-                    "GpuReplicator, MultiGpuReplicator or TpuReplicator.")
-  flags.DEFINE_integer("num_cpu_devices", 1, "With no GPU: split the CPU into this many "
-                       "logical devices (replicas for --replicator=multi_gpu).")
   flags.DEFINE_bool("jit_compile", False, "Compile each step, update included, with XLA "
                     "(--replicator=gpu: one XLA computation runs on one device; a TPU "
                     "always compiles).")
-  flags.DEFINE_string("tpu", None, "TPU name or address (default: TPU_NAME, "
-                      "COLAB_TPU_ADDR, then the local TPU VM).")
-  # Bookkeeping.
-  flags.DEFINE_string("model_dir", None, "Checkpoints and TensorBoard summaries.")
-  flags.DEFINE_integer("log_every_steps", 100, "Steps per compiled call and log line.")
+  # Bookkeeping (--log_every is also the number of steps in one compiled call).
   flags.DEFINE_float("eval_every_epochs", 1, "Evaluation period.")
   flags.DEFINE_bool("eval_flip", False, "Also report accuracy_flip: the mean of the "
                     "softmax of each test image and of its mirror image.")
   flags.DEFINE_float("checkpoint_every_epochs", 1, "Checkpoint period.")
   flags.DEFINE_integer("seed", 0, "Initialisation seed.")
+  # Checked as the command line is parsed, before any work: the default dataset is
+  # ImageNet, which no default path can find.
+  flags.register_multi_flags_validator(["dataset", "data_dir"], _check_data_dir)
+  flags.register_multi_flags_validator(["jit_compile", "replicator"], _check_jit_compile)
 
 
-def make_replicator(kind: str, num_cpu_devices: int = 1, tpu=None,
-                    jit_compile: bool = False):
-  if jit_compile and kind != "gpu":
-    raise ValueError(
-        f"--jit_compile: needs --replicator=gpu, got --replicator={kind}. One XLA "
-        "computation runs on one device (and a TPU compiles every step anyway); on "
-        "several GPUs leave it off.")
-  if num_cpu_devices > 1 and not tf.config.list_physical_devices("GPU"):
-    replicator.testing.configure_logical_cpus(num_cpu_devices)
-    # The logical devices share one CPU: each op gets its share of the cores, and
-    # the replicas' ops run side by side (on 2 cores and 2 devices: 1.3x the images/s
-    # of TensorFlow's default, which lets every op use every core).
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-    tf.config.threading.set_intra_op_parallelism_threads(
-        max(1, cores // num_cpu_devices))
-    tf.config.threading.set_inter_op_parallelism_threads(num_cpu_devices)
+# The datasets with no default location, and what --data_dir must hold for each.
+DATASETS_NEEDING_DATA_DIR = {
+    "imagenet_tfrecord": "the ImageNet TFRecord shards (train-*, validation-*)",
+    "image_folder": "train/<class>/<image> and validation/<class>/<image>",
+}
+
+
+def _check_data_dir(values) -> bool:
+  if values["data_dir"] or values["dataset"] not in DATASETS_NEEDING_DATA_DIR:
+    return True
+  default = " (the default)" if values["dataset"] == "imagenet_tfrecord" else ""
+  raise flags.ValidationError(
+      f"--data_dir: --dataset={values['dataset']}{default} needs "
+      f"{DATASETS_NEEDING_DATA_DIR[values['dataset']]}; pass --data_dir=/path/to/it. "
+      "Without ImageNet, pass --dataset=fashion_mnist --model=resnet20 (offline: "
+      "apt-get install dataset-fashion-mnist puts the files in "
+      f"{data.FASHION_MNIST_DIR}, --data_dir's default for it) or "
+      "--dataset=synthetic (random images, to measure speed).")
+
+
+def _jit_compile_error(kind: str) -> Optional[str]:
   if kind == "gpu":
-    return replicator.GpuReplicator(jit_compile=jit_compile)
-  if kind == "multi_gpu":
-    return replicator.MultiGpuReplicator()
-  return replicator.TpuReplicator(tpu=tpu)
+    return None
+  return (f"--jit_compile: needs --replicator=gpu, got --replicator={kind}. One XLA "
+          "computation runs on one device (and a TPU compiles every step anyway); on "
+          "several GPUs leave it off.")
 
 
-def make_checkpointer(directory: str, **trackables):
-  """`replicator.Checkpointer`, or TensorFlow's manager where the library lacks it."""
-  if hasattr(replicator, "Checkpointer"):
-    return replicator.Checkpointer(directory, **trackables)
-  checkpoint = tf.train.Checkpoint(**trackables)
-  manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=3)
+def _check_jit_compile(values) -> bool:
+  error = _jit_compile_error(values["replicator"]) if values["jit_compile"] else None
+  if error:
+    raise flags.ValidationError(error)
+  return True
 
-  class _Checkpointer:
-    save = staticmethod(lambda step: manager.save(checkpoint_number=step))
-    restore_latest = staticmethod(lambda: manager.restore_or_initialize())
-  return _Checkpointer()
+
+def make_replicator(kind: Optional[str] = None, cpu_replicas: Optional[int] = None,
+                    tpu: Optional[str] = None,
+                    jit_compile: bool = False) -> replicator.Replicator:
+  """`common.make_replicator`, refusing `jit_compile` on all but the gpu replicator.
+
+  The arguments left out come from the flags (--replicator, --cpu_replicas, --tpu).
+
+  `common.make_replicator` also gives each logical CPU device its share of the cores
+  (on 2 cores and 2 devices: 1.3x the images/s of TensorFlow's default threading).
+  """
+  error = _jit_compile_error(kind or FLAGS.replicator) if jit_compile else None
+  if error:
+    raise ValueError(error)
+  kwargs = {"jit_compile": True} if jit_compile else {}
+  return common.make_replicator(kind, cpu_replicas, tpu, **kwargs)
 
 
 def train(experiment: experiment_lib.Experiment, train_input_fn, eval_input_fn,
-          global_batch_size: int, steps_per_epoch: int, model_dir=None,
-          log_every_steps: int = 100, eval_every_epochs: float = 1,
+          global_batch_size: int, steps_per_epoch: int, workdir=None,
+          log_every: int = 100, eval_every_epochs: float = 1,
           checkpoint_every_epochs: float = 1, num_eval_examples: Optional[int] = None):
   """Trains to the end of the schedule; returns the last evaluation (or None).
 
-  The evaluation input is built and its first batch read before training, and every
-  evaluation must count `num_eval_examples` images (if given).
+  With `workdir`, resumes from its last checkpoint: a checkpoint holds the number of
+  steps completed, the next step to run. The evaluation input is built and its first
+  batch read before training, and every evaluation must count `num_eval_examples`
+  images (if given).
   """
   repl = experiment.repl
   checks.check_input(repl, eval_input_fn)
@@ -144,54 +167,85 @@ def train(experiment: experiment_lib.Experiment, train_input_fn, eval_input_fn,
   eval_every = max(1, int(eval_every_epochs * steps_per_epoch))
   checkpoint_every = max(1, int(checkpoint_every_epochs * steps_per_epoch))
   checkpointer = writers = None
-  if model_dir:
-    checkpointer = make_checkpointer(
-        os.path.join(model_dir, "checkpoints"), model=experiment.model,
+  start = 0
+  if workdir:
+    checkpointer = replicator.Checkpointer(
+        os.path.join(workdir, "checkpoints"), model=experiment.model,
         optimizer=experiment.base_optimizer, step=experiment.step)
-    checkpointer.restore_latest()
+    restored = checkpointer.restore_latest()
+    if restored is not None:
+      start = restored
+      if int(experiment.step.numpy()) != start:
+        raise ValueError(
+            f"--workdir: the checkpoint of step {start} in {checkpointer.directory} "
+            f"holds a step counter of {int(experiment.step.numpy())}; it was not "
+            "written by this script. Pass another --workdir to start afresh.")
+      logging.info("restored step %d/%d (epoch %.2f) from %s", start, total_steps,
+                   start / steps_per_epoch, checkpointer.directory)
     if repl.is_chief:
-      writers = {split: tf.summary.create_file_writer(os.path.join(model_dir, split))
+      writers = {split: tf.summary.create_file_writer(os.path.join(workdir, split))
                  for split in ("train", "eval")}
-  step = int(experiment.step.numpy())
-  start, steady_images, steady_time_s, result = time.perf_counter(), 0, 0.0, None
-  traced = False
+  if start >= total_steps:
+    logging.info("the run in %s is finished: it holds step %d of %d, so nothing is "
+                 "left to do. Pass a larger --epochs to train on, or another --workdir "
+                 "to start afresh.", workdir, start, total_steps)
+    return None
+  # Training time only: evaluations and checkpoints stop this clock, so the images/s
+  # of an interval is the training steps' and the ETA is the training left.
+  training_s = [0.0]
+  progress = common.Progress(total_steps, start=start, items_per_step=global_batch_size,
+                             clock=lambda: training_s[0])
+  run_start, result = time.perf_counter(), None
+  steady_steps, steady_s = 0, 0.0  # after the first call, which also traces the step
+  step = start
   while step < total_steps:
     boundary = min(total_steps, (step // eval_every + 1) * eval_every,
                    (step // checkpoint_every + 1) * checkpoint_every)
-    num_steps = min(log_every_steps, boundary - step)
+    num_steps = min(log_every, boundary - step)
     call_start = time.perf_counter()
-    out = repl.run(experiment.train_step, train_input_fn, steps=num_steps)
+    try:
+      out = repl.run(experiment.train_step, train_input_fn, steps=num_steps)
+    except ValueError as error:
+      # The model's variables are made, and given their restored values, in the first
+      # step: a checkpoint of another model (--model, --num_classes) fails here.
+      if step > start or not start:
+        raise
+      cause = str(error).strip().splitlines()[-1].strip()  # a traced error quotes code
+      raise ValueError(
+          f"--workdir: the checkpoint of step {start} in {checkpointer.directory} does "
+          f"not fit this model ({cause}). Pass the flags that run was started with "
+          "(--model, --num_classes, --dataset), or another --workdir to start "
+          "afresh.") from error
     metrics = {k: float(v[0]) for k, v in out.items()}
     elapsed_s = time.perf_counter() - call_start
-    step += num_steps
+    if step > start:
+      steady_steps, steady_s = steady_steps + num_steps, steady_s + elapsed_s
+    training_s[0] += elapsed_s
+    step += num_steps  # steps completed: what the checkpoint below records
     metrics["images_per_second"] = num_steps * global_batch_size / elapsed_s
     metrics["ms_per_step"] = 1000 * elapsed_s / num_steps
-    if traced:  # The first call also traces and compiles the step: not steady state.
-      steady_images += num_steps * global_batch_size
-      steady_time_s += elapsed_s
-    traced = True
-    logging.info("step %d/%d epoch %.2f: loss %.4f, train accuracy %.4f, lr %.4f, "
-                 "%.0f images/s, %.1f ms/step", step, total_steps,
-                 step / steps_per_epoch, metrics["loss"], metrics["accuracy"],
-                 metrics["learning_rate"], metrics["images_per_second"],
-                 metrics["ms_per_step"])
+    progress.log(step, epoch=step / steps_per_epoch, loss=metrics["loss"],
+                 train_accuracy=metrics["accuracy"], lr=metrics["learning_rate"])
     _write(writers, "train", metrics, step)
     # Saved first: a failing evaluation then costs no training.
     if checkpointer and (step % checkpoint_every == 0 or step == total_steps):
       checkpointer.save(step)
     if step % eval_every == 0 or step == total_steps:
+      eval_start = time.perf_counter()
       result = experiment.evaluate(eval_input_fn)
-      logging.info("eval at step %d (epoch %.2f, %.0f s): accuracy %.4f%s, loss %.4f on "
-                   "%d images", step, step / steps_per_epoch, time.perf_counter() - start,
-                   result["accuracy"],
+      logging.info("evaluation at step %d/%d (epoch %.2f): accuracy %.4f%s, loss %.4f "
+                   "on the %d evaluation images, %.0f s", step, total_steps,
+                   step / steps_per_epoch, result["accuracy"],
                    (" (with mirror images %.4f)" % result["accuracy_flip"]
                     if "accuracy_flip" in result else ""),
-                   result["loss"], result["count"])
+                   result["loss"], result["count"], time.perf_counter() - eval_start)
       _write(writers, "eval", result, step)
       checks.check_eval_count(result["count"], num_eval_examples)
-  if steady_time_s:
-    logging.info("training done in %.0f s; %.0f images/s after the first call",
-                 time.perf_counter() - start, steady_images / steady_time_s)
+  logging.info("training done: step %d/%d, %d steps in %.0f s (evaluations and "
+               "checkpoints included)%s", step, total_steps, step - start,
+               time.perf_counter() - run_start,
+               f"; {steady_steps * global_batch_size / steady_s:.0f} training images/s "
+               "after the first interval" if steady_steps else "")
   return result
 
 
@@ -211,14 +265,27 @@ def _write(writers, split, metrics, step):
 
 def main(argv):
   del argv
+  try:
+    _main()
+  except ValueError as error:
+    # The checks' errors name the flag to change and how (`--data_dir: ...`): the
+    # message is the whole answer, a traceback would only bury it.
+    if not str(error).startswith("--"):
+      raise
+    raise SystemExit(f"error: {error}") from None
+
+
+def _main():
   eval_batch_size = FLAGS.eval_batch_size or FLAGS.global_batch_size
   checks.check_flags(FLAGS.global_batch_size, FLAGS.eval_batch_size, FLAGS.epochs,
                      FLAGS.warmup_epochs, FLAGS.eval_every_epochs,
-                     FLAGS.checkpoint_every_epochs, FLAGS.log_every_steps)
+                     FLAGS.checkpoint_every_epochs, FLAGS.log_every)
   tf.random.set_seed(FLAGS.seed)
   # Before anything starts TensorFlow's runtime (TFDS may): it splits the CPU.
-  repl = make_replicator(FLAGS.replicator, FLAGS.num_cpu_devices, FLAGS.tpu,
-                         FLAGS.jit_compile)
+  try:
+    repl = make_replicator(jit_compile=FLAGS.jit_compile)
+  except RuntimeError as error:  # no TPU reachable, GPUs already started, ...
+    raise ValueError(f"--replicator={FLAGS.replicator}: {error}") from error
   try:
     _train_with_flags(repl, eval_batch_size)
   finally:
@@ -254,7 +321,7 @@ def _train_with_flags(repl, eval_batch_size: int):
                                       **input_args)
   eval_input_fn = data.make_input_fn(FLAGS.dataset, False, eval_batch_size, **input_args)
   train(experiment, train_input_fn, eval_input_fn, FLAGS.global_batch_size,
-        steps_per_epoch, FLAGS.model_dir, FLAGS.log_every_steps,
+        steps_per_epoch, FLAGS.workdir, FLAGS.log_every,
         FLAGS.eval_every_epochs, FLAGS.checkpoint_every_epochs, info.num_eval_examples)
 
 

@@ -1,14 +1,21 @@
 """The GAN scripts' flags are checked before anything trains; sweep records match."""
 
+import doctest
 import json
+import os
+import shutil
+import subprocess
 
 from absl import flags
 from absl.testing import flagsaver
 import pytest
 
 import replicator
+from examples import common
 from examples.gan import configs
 from examples.gan import gan_trainer
+from examples.gan import metric_classifier
+from examples.gan import metrics
 from examples.gan import sweep
 from examples.gan import train
 
@@ -24,7 +31,7 @@ def _parse(monkeypatch):
   def trained(*args, **kwargs):
     raise AssertionError("got as far as training")
 
-  monkeypatch.setattr(train, "make_replicator", trained)
+  monkeypatch.setattr(common, "make_replicator", trained)
   monkeypatch.setattr(train.metrics, "Evaluator", trained)
   with flagsaver.flagsaver():
     yield lambda *argv: FLAGS(["prog", "--dataset=synthetic",
@@ -60,13 +67,37 @@ def test_train_refuses_bad_flags_before_training(parse, argv, message):
      r"batch size itself, so --global_batch_size=32 would be ignored\. Use "
      r"--batch_sizes"),
     (["--seed=3"], r"seed: .* --seed=3 would be ignored\. Use --seeds"),
-    (["--workdir=/tmp/elsewhere"], r"workdir: .* Use --results_dir"),
+    ([], r"classifier_metrics: the sweep compares runs by their metrics, and "
+     r"--noclassifier_metrics without --inception_weights leaves none"),
 ])
 def test_sweep_refuses_bad_or_ignored_flags_before_training(
     parse, tmp_path, argv, message):
-  parse(f"--results_dir={tmp_path}", *argv)
+  parse(f"--workdir={tmp_path}", *argv)
   with pytest.raises(ValueError, match=message):
     sweep.main([])
+
+
+def test_sweep_takes_the_common_flags_and_a_git_ignored_workdir(parse, tmp_path):
+  # --workdir, --replicator and --cpu_replicas are the sweep's own (the names
+  # every example shares): it gets as far as making the replicator.
+  parse(f"--workdir={tmp_path}", "--classifier_metrics", "--replicator=gpu",
+        "--cpu_replicas=3")
+  with pytest.raises(AssertionError, match="got as far as training"):
+    sweep.main([])
+  assert "num_cpu_devices" not in FLAGS and "results_dir" not in FLAGS
+  root = train.REPO_ROOT
+  assert sweep.default_workdir("small") == os.path.join(root, "results", "gan", "small")
+  config = configs.SMALL
+  assert train.default_workdir(config, 0) == os.path.join(
+      root, "results", "gan", "train", "small_batch64_seed0")
+  if shutil.which("git") is None or not os.path.isdir(os.path.join(root, ".git")):
+    pytest.skip("not a git checkout")
+  for path in (sweep.default_workdir("small"), train.default_workdir(config, 0)):
+    # README line 1 must leave `git status` clean: the results are ignored.
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", os.path.join(path, "runs", "x", "record.json")],
+        cwd=root, check=False)
+    assert ignored.returncode == 0, f"{path} is not git-ignored"
 
 
 def test_batch_that_does_not_split_over_the_replicas_says_the_fix():
@@ -85,7 +116,8 @@ def _settings(config, **changes):
                 "num_classifier_examples": 256, "classifier_metrics": True,
                 "inception_weights": None}
   arguments = dict(config=config, data_kwargs={"resolution": 32}, seed=0,
-                   eval_every=1, evaluation=evaluation, grid_class=1)
+                   eval_every=1, evaluation=evaluation, grid_class=1,
+                   num_replicas=1)
   arguments.update(changes)
   return sweep.run_settings(**arguments)
 
@@ -105,14 +137,14 @@ def test_sweep_reuses_only_a_finished_run_made_with_the_same_settings(tmp_path):
     # no evaluator: either would fail here).
     return sweep.run_one(config, None, {"resolution": 32}, str(workdir), 0, 1,
                          settings=_settings(config, **changes),
-                         results_dir=str(tmp_path), log_every=1,
+                         workdir=str(tmp_path), log_every=1,
                          checkpoint_every=2, grid_class=1)
 
   assert run(config) == record
   with pytest.raises(ValueError, match=(
-      rf"results_dir: {tmp_path} already holds a finished run .*"
+      rf"workdir: {tmp_path} already holds a finished run .*"
       r"config\.num_generator_steps: 2 there, 4 now.*Pass another "
-      rf"--results_dir, or delete {tmp_path / 'runs'}")):
+      rf"--workdir, or delete {tmp_path / 'runs'}")):
     run(config.replace(num_generator_steps=4))
   with pytest.raises(ValueError, match=r"config\.n_dis: 2 there, 5 now; "
                      r"config\.num_generator_steps: 2 there, 3 now"):
@@ -123,7 +155,16 @@ def test_sweep_reuses_only_a_finished_run_made_with_the_same_settings(tmp_path):
                             "num_eval_samples": 2000})
   with pytest.raises(ValueError, match=r"grid_class: 1 there, 3 now"):
     run(config, grid_class=3)
+  # Each replica draws its own noise: another replica count is another run.
+  with pytest.raises(ValueError, match=r"num_replicas: 1 there, 2 now"):
+    run(config, num_replicas=2)
   del record["settings"]  # Written before settings were recorded.
   (workdir / "record.json").write_text(json.dumps(record))
   with pytest.raises(ValueError, match=r"the record predates recorded settings"):
     run(config)
+
+
+@pytest.mark.parametrize("module", [sweep, metric_classifier, metrics])
+def test_docstring_examples_run(module):
+  failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+  assert tried > 0 and failures == 0

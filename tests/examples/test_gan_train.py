@@ -1,9 +1,12 @@
 """A few replicated training steps of the GAN, and the sweep end to end."""
 
 import json
+import logging
+import os
+import pathlib
+import subprocess
+import sys
 
-from absl import flags
-from absl.testing import flagsaver
 import numpy as np
 import pytest
 import sonnet as snt
@@ -14,7 +17,6 @@ from examples.gan import configs
 from examples.gan import data
 from examples.gan import gan_trainer
 from examples.gan import report
-from examples.gan import sweep
 from examples.gan import train
 
 _TWO_CPUS = ["/cpu:0", "/cpu:1"]
@@ -64,19 +66,48 @@ def test_every_replica_draws_different_noise():
   repl.shutdown()
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# The sweep three times in one process of its own (the suite's process has
+# fixed its logical CPUs already): on the default 2 logical CPUs, then again
+# (every run reused), then with other settings in the same workdir (refused).
+_SWEEP_THRICE = """
+import sys
+from absl import app
+from absl import flags
+from examples.gan import sweep
+
+def main(argv):
+  del argv
+  sweep.main([])
+  print("=== again", file=sys.stderr, flush=True)
+  sweep.main([])
+  print("=== more steps", file=sys.stderr, flush=True)
+  flags.FLAGS.num_generator_steps = 3
+  try:
+    sweep.main([])
+  except ValueError as error:
+    print(f"ValueError: {error}", file=sys.stderr, flush=True)
+
+sweep.define_flags()
+app.run(main)
+"""
+
+
 @pytest.mark.slow
-def test_sweep_end_to_end_on_synthetic_data(tmp_path, capsys):
-  if "batch_sizes" not in flags.FLAGS:
-    sweep.define_flags()  # The example defines its flags only as a script.
+def test_sweep_end_to_end_on_synthetic_data(tmp_path):
   argv = [
-      "sweep", "--config=small", "--dataset=synthetic", "--ch=2", "--replicator=gpu",
+      "--config=small", "--dataset=synthetic", "--ch=2",
       "--num_generator_steps=2", "--batch_sizes=4", "--seeds=0",
-      f"--results_dir={tmp_path}", "--num_eval_samples=40",
+      f"--workdir={tmp_path}", "--num_eval_samples=40",
       "--num_classifier_examples=256", "--num_real_examples=40",
       f"--cache_dir={tmp_path / 'cache'}", "--evals_per_run=2"]
-  with flagsaver.flagsaver():
-    flags.FLAGS(argv)
-    sweep.main([])
+  env = {k: v for k, v in os.environ.items() if k != "REPLICATOR_LOGICAL_CPUS"}
+  env["CUDA_VISIBLE_DEVICES"] = ""
+  done = subprocess.run([sys.executable, "-c", _SWEEP_THRICE, *argv], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  first, again, more_steps = done.stderr.split("=== ")
   results = json.loads((tmp_path / "results.json").read_text())
   assert results["batch_sizes"] == [4]
   assert [r["history"][-1]["step"] for r in results["runs"]] == [2]
@@ -84,19 +115,41 @@ def test_sweep_end_to_end_on_synthetic_data(tmp_path, capsys):
   for name in ("results.md", "quality_vs_batch_size.png",
                "quality_vs_steps.png", "samples_by_batch_size.png"):
     assert (tmp_path / name).stat().st_size > 0
-  assert str(tmp_path / "results.md") in capsys.readouterr().out
+  assert str(tmp_path / "results.md") in done.stdout
   # The batch size is each run's, not the sweep's.
   assert "global_batch_size" not in results["config"]
   assert results["runs"][0]["settings"]["config"]["global_batch_size"] == 4
-  with flagsaver.flagsaver():  # The same results_dir, another experiment.
-    flags.FLAGS([*argv, "--num_generator_steps=3"])
-    with pytest.raises(ValueError, match=r"num_generator_steps: 2 there, 3 now"):
-      sweep.main([])
+  # Which replicator, the plan, each run and its progress, in that order.
+  order = ["MultiGpuReplicator: 2 replica(s) on 1 worker(s)",
+           "plan: 1 run (batch sizes 4 x seeds 0), 2 replica(s) each, config "
+           "small on synthetic, 2 generator steps per run (n_dis=2), 2 "
+           f"evaluations each of 40 samples; none finished yet; results in {tmp_path}",
+           "metric classifier: training on 256 images",
+           "run 1/1: batch 4, seed 0",
+           "training steps 1-2 of 2: n_dis=2, global batch 4 = 2 replica(s) x 2",
+           "step 1/2  d_loss", "(first interval, tracing included)  ETA at most ",
+           "step 1/2 evaluated in ", "step 2/2  d_loss", "run 1/1 done in ",
+           "runs done 1/1, elapsed "]
+  positions = [first.find(line) for line in order]
+  assert -1 not in positions, [o for o, p in zip(order, positions) if p == -1]
+  assert positions == sorted(positions), first
+  assert results["num_replicas"] == 2
+  assert results["runs"][0]["settings"]["num_replicas"] == 2
+  # Run again: nothing trains, and it says so.
+  assert ("plan: 1 run (batch sizes 4 x seeds 0), 2 replica(s) each" in again
+          and "1 finished earlier, reused" in again)
+  assert "run 1/1: batch 4, seed 0: finished at step 2 in an earlier sweep" in again
+  assert "training steps" not in again and "metric classifier" not in again
+  # The same workdir, another experiment.
+  assert "ValueError: workdir: " in more_steps
+  assert "num_generator_steps: 2 there, 3 now" in more_steps
+  assert "run 1/1" not in more_steps
 
 
 def _record(batch, seed, fcd):
   history = [{"step": s, "frechet_classifier_distance": fcd * (3 - s),
-              "classifier_score": 1.0 + s} for s in (1, 2)]
+              "classifier_score": 1.0 + s, "class_accuracy": 0.1 * s}
+             for s in (1, 2)]
   return {"global_batch_size": batch, "seed": seed, "wall_s": 1.0,
           "history": history}
 
@@ -111,12 +164,44 @@ def test_summary_table_and_plots_show_the_spread_over_seeds(tmp_path):
   table = report.markdown_table(summary, records)
   assert "| 16 | 2 | 10 ± 1 [9, 11] |" in table
   assert table.index("| 16 |") < table.index("| 256 |")
-  report.plot_quality(summary, records, str(tmp_path))
+  report.plot_quality(summary, records, str(tmp_path), dataset="Fashion-MNIST",
+                      num_classes=10)
   report.plot_samples({16: np.zeros([4, 8, 8, 1]), 256: np.ones([4, 8, 8, 1])},
                       str(tmp_path), "title")
   for name in ("quality_vs_batch_size.png", "quality_vs_steps.png",
                "samples_by_batch_size.png"):
     assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_plots_label_every_axis_and_mark_chance():
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  records = [_record(16, 0, 9.0), _record(256, 0, 2.0)]
+  figures = report.quality_figures(report.summarize(records), records,
+                                   dataset="Fashion-MNIST", num_classes=10)
+  for figure in figures:
+    title = figure._suptitle.get_text()  # pylint: disable=protected-access
+    assert "Fashion-MNIST" in title and "2 generator steps" in title, title
+    axes = figure.get_axes()
+    assert len(axes) == 3
+    for ax in axes:
+      assert ax.get_ylabel() and ax.get_xlabel(), ax.get_title()
+      assert ax.get_legend() is not None, ax.get_ylabel()
+    chance = [line for line in axes[2].get_lines()
+              if line.get_label().startswith("chance")]
+    assert axes[2].get_ylabel() == "fraction classified as their class"
+    assert len(chance) == 1 and chance[0].get_linestyle() == "--"
+    assert list(chance[0].get_ydata()) == [0.1, 0.1]
+    assert any(t.get_text().startswith("chance (0.1, 10 classes)")
+               for t in axes[2].get_legend().get_texts())
+    assert not any(line.get_label().startswith("chance")
+                   for ax in axes[:2] for line in ax.get_lines())
+    plt.close(figure)
+  # Every sample at least 96 pixels wide: 32x32 images drawn 3x, 2 panels.
+  images = np.linspace(-1, 1, 64 * 32 * 32).reshape([64, 32, 32, 1])
+  figure = report.samples_figure({8: images, 64: images}, "title")
+  width, height = figure.canvas.get_width_height()
+  assert width >= 2 * 8 * 96 and height >= 8 * 96
+  plt.close(figure)
 
 
 def _generator_step(devices, config, z, labels):
@@ -195,6 +280,49 @@ def test_resumed_trainer_draws_the_noise_of_the_uninterrupted_run(tmp_path):
   for got, want, replayed in zip(draw, uninterrupted, first):
     np.testing.assert_array_equal(got, want)
     assert not np.array_equal(got, replayed)
+
+
+def test_a_resumed_run_goes_on_at_the_step_after_its_checkpoint(tmp_path, caplog):
+  # One block each and one device: tracing the steps is most of the cost.
+  config = configs.SMALL.replace(dataset="synthetic", g_ch=1, d_ch=1,
+                                 global_batch_size=2, g_multipliers=(2, 1),
+                                 d_multipliers=(1, 1), d_downsample=(True, False))
+  input_fn = data.make_input_fn("synthetic", 2, resolution=8, channels=1,
+                                num_classes=10)
+
+  def run(steps):
+    """(G steps, G and D optimizer steps) after `steps`, and the evaluated steps."""
+    repl = replicator.GpuReplicator()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="absl"):
+      trainer, history = train.train(
+          config.replace(num_generator_steps=steps), repl, workdir=str(tmp_path),
+          input_fn=input_fn, log_every=1, eval_every=1, checkpoint_every=1,
+          evaluator=lambda t: {"frechet_classifier_distance": float(t.step.numpy())})
+    counts = (int(trainer.step.numpy()), int(trainer.g_optimizer.optimizer.step.numpy()),
+              int(trainer.d_optimizer.optimizer.step.numpy()))
+    repl.shutdown()
+    return counts, [h["step"] for h in history]
+
+  assert run(2) == ((2, 2, 4), [1, 2])
+  assert "restored step" not in caplog.text
+  assert "training steps 1-2 of 2" in caplog.text
+  assert "step 1/2  d_loss" in caplog.text and "(first interval, tracing included)" in caplog.text
+  assert "ETA" in caplog.text and "step 1/2 evaluated in" in caplog.text
+  # save(2) after 2 steps: the resumed run takes step 3 only, once; its
+  # evaluations of steps 1 and 2 come back from metrics.json.
+  assert run(3) == ((3, 3, 6), [1, 2, 3])
+  assert f"restored step 2 from {tmp_path / 'checkpoints'}" in caplog.text
+  assert "training steps 3-3 of 3" in caplog.text and "step 3/3  d_loss" in caplog.text
+  assert "step 2/3" not in caplog.text
+  # Finished: nothing trains, and it says so.
+  assert run(3) == ((3, 3, 6), [1, 2, 3])
+  assert "restored step 3" in caplog.text
+  assert "finished at step 3/3" in caplog.text and "nothing to train" in caplog.text
+  assert "d_loss" not in caplog.text
+  with pytest.raises(ValueError, match=r"num_generator_steps: the checkpoint in "
+                     r".* is at step 3, past the 2 steps asked for"):
+    run(2)
 
 
 def test_checkpoint_without_the_noise_generator_still_restores(tmp_path, caplog):

@@ -2,6 +2,8 @@
 
 import functools
 import glob
+import json
+import logging
 import os
 import types
 
@@ -124,7 +126,7 @@ def test_train_loop_evaluates_checkpoints_and_resumes(tmp_path):
     make = lambda is_training: data.make_input_fn(
         "synthetic", is_training, GLOBAL_BATCH, image_size=IMAGE_SIZE, num_classes=4)
     result = train.train(experiment, make(True), make(False), GLOBAL_BATCH,
-                         steps_per_epoch=1, model_dir=str(tmp_path), log_every_steps=2,
+                         steps_per_epoch=1, workdir=str(tmp_path), log_every=2,
                          eval_every_epochs=3, checkpoint_every_epochs=3)
     repl.shutdown()
     return experiment, result
@@ -180,7 +182,7 @@ def test_jit_compile_trains_as_without_it_and_needs_the_gpu_replicator():
   results = []
   for jit_compile in (False, True):
     tf.random.set_seed(0)
-    repl = train.make_replicator("gpu", jit_compile=jit_compile)
+    repl = train.make_replicator("gpu", cpu_replicas=1, jit_compile=jit_compile)
     experiment = _experiment(repl)
     out = repl.run(experiment.train_step, _input_fn(images, labels), steps=3)
     results.append(([v.numpy() for v in experiment.model.variables], out["loss"].numpy()))
@@ -189,7 +191,7 @@ def test_jit_compile_trains_as_without_it_and_needs_the_gpu_replicator():
   for a, b in zip(results[1][0], results[0][0]):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
   with pytest.raises(ValueError, match="--jit_compile.*--replicator=multi_gpu"):
-    train.make_replicator("multi_gpu", jit_compile=True)
+    train.make_replicator("multi_gpu", cpu_replicas=1, jit_compile=True)
 
 
 class _CountingExperiment:
@@ -211,6 +213,10 @@ class _CountingExperiment:
     return {"loss": self.repl.all_mean(self.model.w), "accuracy": tf.constant(0.0),
             "learning_rate": tf.constant(0.0)}
 
+  def evaluate(self, eval_input_fn):
+    del eval_input_fn
+    return {"accuracy": 0.0, "loss": 0.0, "count": 4.0}
+
 
 def test_a_broken_eval_input_stops_the_run_before_training(tmp_path):
   """Not at the first evaluation, an epoch or more of training later."""
@@ -220,7 +226,7 @@ def test_a_broken_eval_input_stops_the_run_before_training(tmp_path):
   experiment = _experiment(repl)
   with pytest.raises(ValueError, match="--data_dir: no file matches"):
     train.train(experiment, _input_fn(*_fixed_batches()), eval_input_fn, GLOBAL_BATCH,
-                steps_per_epoch=1, log_every_steps=1, eval_every_epochs=2)
+                steps_per_epoch=1, log_every=1, eval_every_epochs=2)
   assert int(experiment.step.numpy()) == 0  # no step was run
   repl.shutdown()
 
@@ -236,12 +242,49 @@ def test_the_checkpoint_is_saved_before_the_evaluation_that_fails(tmp_path):
   eval_input_fn = lambda ctx: tf.data.Dataset.range(4)  # passes the start-up check
   with pytest.raises(RuntimeError, match="evaluation failed"):
     train.train(experiment, _input_fn(*_fixed_batches()), eval_input_fn, GLOBAL_BATCH,
-                steps_per_epoch=1, model_dir=str(tmp_path), log_every_steps=2,
+                steps_per_epoch=1, workdir=str(tmp_path), log_every=2,
                 eval_every_epochs=2, checkpoint_every_epochs=2)
   repl.shutdown()
   assert int(experiment.step.numpy()) == 2
   saved = glob.glob(os.path.join(tmp_path, "checkpoints", "ckpt-2*.index"))
   assert len(saved) == 1, os.listdir(os.path.join(tmp_path, "checkpoints"))
+
+
+def test_a_resumed_run_continues_at_the_next_step_and_a_finished_one_says_so(
+    tmp_path, caplog):
+  """A checkpoint holds the steps completed: a resumed run repeats and skips no step."""
+  caplog.set_level(logging.INFO)
+
+  def run(total_steps):
+    caplog.clear()
+    repl = replicator.MultiGpuReplicator(devices=TWO_CPUS)
+    experiment = _CountingExperiment(repl, total_steps)
+    train.train(experiment, _input_fn(*_fixed_batches()),
+                lambda ctx: tf.data.Dataset.range(4), GLOBAL_BATCH, steps_per_epoch=1,
+                workdir=str(tmp_path), log_every=1, eval_every_epochs=100,
+                checkpoint_every_epochs=2)
+    repl.shutdown()
+    messages = [record.getMessage() for record in caplog.records]
+    logged = [int(m.split()[1].split("/")[0]) for m in messages if m.startswith("step ")]
+    with open(os.path.join(tmp_path, "checkpoints", "latest.json")) as f:
+      saved = json.load(f)["step"]
+    return float(experiment.model.w.numpy()), logged, saved, messages
+
+  runs, logged, saved, messages = run(total_steps=3)
+  assert (runs, logged, saved) == (3, [1, 2, 3], 3)
+  assert not [m for m in messages if "restored" in m]
+  # w counts the steps run, in this process and before the checkpoint.
+  runs, logged, saved, messages = run(total_steps=5)
+  assert (runs, logged, saved) == (5, [4, 5], 5)
+  assert [m for m in messages if m.startswith("restored step 3/5 ")]
+  progress = [m for m in messages if m.startswith("step ")]
+  assert "(first interval, tracing included)" in progress[0]  # traced again
+  assert "first interval" not in progress[1]
+  runs, logged, saved, messages = run(total_steps=5)
+  assert (runs, logged, saved) == (5, [], 5)
+  finished = [m for m in messages if "is finished" in m]
+  assert len(finished) == 1 and "holds step 5 of 5" in finished[0]
+  assert "nothing is left to do" in finished[0]
 
 
 @pytest.mark.parametrize("flag, values, message", [
@@ -252,11 +295,11 @@ def test_the_checkpoint_is_saved_before_the_evaluation_that_fails(tmp_path):
      "--epochs=90, got {}"),
     ("eval_every_epochs", (0, -1), "--eval_every_epochs: must be positive, got {}"),
     ("checkpoint_every_epochs", (0,), "--checkpoint_every_epochs: must be positive"),
-    ("log_every_steps", (0,), "--log_every_steps: must be positive, got 0"),
+    ("log_every", (0,), "--log_every: must be positive, got 0"),
 ])
 def test_flag_errors_name_the_flag_and_value(flag, values, message):
   good = dict(global_batch_size=1024, eval_batch_size=None, epochs=90, warmup_epochs=5,
-              eval_every_epochs=1, checkpoint_every_epochs=1, log_every_steps=100)
+              eval_every_epochs=1, checkpoint_every_epochs=1, log_every=100)
   checks.check_flags(**good)
   for value in values:
     with pytest.raises(ValueError, match=message.format(value)):
