@@ -4,7 +4,7 @@
 study (SN-GAN with projection discriminator at 128x128, ch=64).
 ``cifar32`` is the authors' CIFAR-10 model. ``small`` shrinks the CIFAR model
 until a sweep over batch sizes fits in minutes on 2 CPU cores (the default
-sweep, 8 runs of 500 generator steps: 390 s measured, examples/gan/README.md).
+sweep, 8 runs of 500 generator steps: about 7 minutes measured, examples/gan/README.md).
 """
 
 import dataclasses

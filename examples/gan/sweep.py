@@ -6,7 +6,7 @@ generator steps, evaluates each ``--evals_per_run`` times, and writes under
 ``quality_vs_batch_size.png``, ``quality_vs_steps.png``,
 ``samples_by_batch_size.png``, and each run in ``runs/batch<B>_seed<S>/``.
 
-  python -m examples.gan.sweep     # `small`: 390 s measured on 2 CPU cores
+  python -m examples.gan.sweep     # `small`: about 7 minutes on 2 CPU cores
 
 The work directory defaults to ``results/gan/<config>`` under the repository
 root (the directory that holds ``examples/``), whatever the current directory;
