@@ -22,3 +22,20 @@ def _freeze_what_a_module_leaves():
   yield
   gc.collect()
   gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_log_levels():
+  """Restores the `absl` and root loggers' levels after each test.
+
+  `tf.saved_model.save` sets absl's verbosity and sets it back
+  (`AutoTrackable._trackable_children`); outside `app.run` that leaves the `absl`
+  logger at WARNING, and a later test of the same process that reads absl's INFO
+  lines with `caplog` (the examples' progress lines) would see none.
+  """
+  import logging  # pylint: disable=g-import-not-at-top
+  loggers = (logging.getLogger(), logging.getLogger("absl"))
+  levels = [logger.level for logger in loggers]
+  yield
+  for logger, level in zip(loggers, levels):
+    logger.setLevel(level)

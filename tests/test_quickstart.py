@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_same_loss_curve_with_the_replicator_swapped(caplog):
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")  # absl logs the lines
   images, labels = quickstart.synthetic(num_examples=1024)
   curves = {}
   for name in ("gpu", "multi_gpu_4", "tpu_emulated_2"):

@@ -253,7 +253,7 @@ def test_the_checkpoint_is_saved_before_the_evaluation_that_fails(tmp_path):
 def test_a_resumed_run_continues_at_the_next_step_and_a_finished_one_says_so(
     tmp_path, caplog):
   """A checkpoint holds the steps completed: a resumed run repeats and skips no step."""
-  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger="absl")  # absl logs the lines
 
   def run(total_steps):
     caplog.clear()
