@@ -18,7 +18,7 @@ the rate over the last interval and an ETA; only the chief logs.
 
 import os
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from absl import flags
 from absl import logging
@@ -56,6 +56,18 @@ def define_run_flags(*, global_batch_size: Optional[int], workdir: Optional[str]
   flags.DEFINE_string("workdir", workdir,
                       "Checkpoints, TensorBoard summaries and results of the run.")
   flags.DEFINE_integer("log_every", log_every, "Steps between progress lines.")
+
+
+def exit_on_flag_errors(run: Callable[[], None]) -> None:
+  """Calls `run`; a `ValueError` that names a flag (`--data_dir: ...`) ends the
+  program with its message and no traceback: the message says what to change, a
+  traceback would only bury it. Other errors propagate as they are."""
+  try:
+    run()
+  except ValueError as error:
+    if not str(error).startswith("--"):
+      raise
+    raise SystemExit(f"error: {error}") from None
 
 
 def make_replicator(kind: Optional[str] = None, cpu_replicas: Optional[int] = None,

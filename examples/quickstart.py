@@ -108,13 +108,7 @@ def train(repl, images, labels, steps, global_batch_size, seed=0, log_every=None
 
 def main(argv):
   del argv
-  try:
-    _main()
-  except ValueError as error:
-    # Errors that name a flag (`--data_dir: ...`) say what to change: no traceback.
-    if not str(error).startswith("--"):
-      raise
-    raise SystemExit(f"error: {error}") from None
+  common.exit_on_flag_errors(_main)
 
 
 def _main():

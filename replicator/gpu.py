@@ -99,15 +99,12 @@ class MultiGpuReplicator(base.Replicator):
         try:
           devices = mesh_lib.configure_logical_cpus(cpu_replicas)
         except RuntimeError as error:
-          started = len(tf.config.list_logical_devices("CPU"))
-          if started == cpu_replicas:  # already as asked, for example 1
-            devices = [f"CPU:{i}" for i in range(started)]
-          else:
-            raise RuntimeError(
-                f"cpu_replicas: cannot split the CPU into {cpu_replicas} devices: "
-                f"TensorFlow has already started with {started}. Make the "
-                "replicator before any TensorFlow op runs (or pass the count "
-                "TensorFlow started with).") from error
+          raise RuntimeError(
+              f"cpu_replicas: cannot split the CPU into {cpu_replicas} devices: "
+              f"TensorFlow has already started with "
+              f"{len(tf.config.list_logical_devices('CPU'))}. Make the replicator "
+              "before any TensorFlow op runs (or pass the count TensorFlow started "
+              "with).") from error
       else:
         raise ValueError(
             f"cpu_replicas: given ({cpu_replicas}) together with devices={list(devices)}; "

@@ -116,11 +116,14 @@ class _WorkerGroup:
       self.processes.append(p)
       tail = collections.deque(maxlen=TAIL_LINES)
       self.tails.append(tail)
-      shown = self._tee_all or index == 0
       pump = threading.Thread(target=_pump, daemon=True, args=(
-          p.stdout, index, self._terminal if shown else None, log, tail))
+          p.stdout, index, self._terminal if self._shown(index) else None, log, tail))
       pump.start()
       self._pumps.append(pump)
+
+  def _shown(self, index: int) -> bool:
+    """Whether worker `index`'s lines reach the terminal as they come."""
+    return self._tee_all or index == 0
 
   def first_failure(self) -> Optional[Tuple[int, int]]:
     """Waits until every worker succeeded (None) or one failed: (index, returncode)."""
@@ -163,7 +166,7 @@ class _WorkerGroup:
 
   def print_tail(self, index: int):
     """Prints a failed worker's last lines, unless the terminal showed them already."""
-    if self._tee_all or index == 0:
+    if self._shown(index):
       return
     lines = list(self.tails[index])
     where = (f"; all of them are in {log_path(self._log_dir, index)}"

@@ -269,7 +269,8 @@ def configure_logical_cpus(count: int = 8) -> List[str]:
   """Splits the CPU into `count` logical devices; returns their names.
 
   TensorFlow fixes its devices when the runtime starts, so call this once per
-  process, before any op runs. Calling it again with the same count is a no-op.
+  process, before any op runs. Calling it again with the same count, or once
+  TensorFlow has started with that many (one, unconfigured), is a no-op.
   """
   cpu = tf.config.list_physical_devices("CPU")[0]
   existing = tf.config.get_logical_device_configuration(cpu)
@@ -278,8 +279,10 @@ def configure_logical_cpus(count: int = 8) -> List[str]:
       tf.config.set_logical_device_configuration(
           cpu, [tf.config.LogicalDeviceConfiguration()] * count)
     except RuntimeError as error:
-      raise RuntimeError(
-          f"count: cannot split the CPU into {count} devices: TensorFlow has "
-          f"already started with {len(tf.config.list_logical_devices('CPU'))}. "
-          "Call configure_logical_cpus before any TensorFlow op runs.") from error
+      started = len(tf.config.list_logical_devices("CPU"))
+      if started != count:
+        raise RuntimeError(
+            f"count: cannot split the CPU into {count} devices: TensorFlow has "
+            f"already started with {started}. Call configure_logical_cpus before "
+            "any TensorFlow op runs.") from error
   return [f"CPU:{i}" for i in range(count)]

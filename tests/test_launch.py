@@ -12,7 +12,8 @@ from replicator import launch
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "launch_scripts")
 FAKE = os.path.join(SCRIPTS, "fake_worker.py")  # no TensorFlow: starts in a moment
-TRAIN = os.path.join(SCRIPTS, "train_restartable.py")
+# The multi-worker resume tests' worker: it also dies on the first attempt only.
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker", "resume.py")
 # As in tests/multiworker: a time limit on a subprocess only guards against a
 # hang. A launcher with workers that do not use TensorFlow ends in seconds, a
 # training job in a minute alone and several times that on a busy machine.
@@ -274,14 +275,16 @@ def test_a_job_restarted_after_a_kill_ends_like_an_uninterrupted_one(tmp_path):
   for run in ("straight", "restarted"):
     (tmp_path / run).mkdir()
   code, out, err = _launch(*options, script=TRAIN, command=[
-      "--out", str(tmp_path / "straight"), "--ckpt", str(tmp_path / "ckpt_straight")])
+      "--out", str(tmp_path / "straight"), "--ckpt", str(tmp_path / "ckpt_straight"),
+      "--steps", "6"])
   assert code == 0, out + err
   assert "restart" not in out and "attempt 1" not in out, out
   _in_order(out, "[worker 0] attempt 0: starting at step 0\n", "[worker 0] attempt 0: done\n")
 
   code, out, err = _launch(*options, "--log-dir", str(tmp_path / "logs"), script=TRAIN,
                            command=["--out", str(tmp_path / "restarted"),
-                                    "--ckpt", str(tmp_path / "ckpt"), "--die_at", "3"])
+                                    "--ckpt", str(tmp_path / "ckpt"), "--die_at", "3",
+                                    "--steps", "6"])
   assert code == 0, out + err
   reason = "worker 1 exited with code -9 (killed by SIGKILL)"
   _in_order(out, f"[launch] {reason}; restarting the job (restart 1 of 1)\n",
@@ -295,8 +298,8 @@ def test_a_job_restarted_after_a_kill_ends_like_an_uninterrupted_one(tmp_path):
             f"[launch] ---- restart 1 of 1 (REPLICATOR_RESTART_COUNT=1) after {reason} ----\n",
             "attempt 1: starting at step 2\n", "attempt 1: done\n")
 
-  straight = np.load(tmp_path / "straight" / "final.npz")
-  restarted = np.load(tmp_path / "restarted" / "final.npz")
+  straight = np.load(tmp_path / "straight" / "worker0.npz")  # the chief's
+  restarted = np.load(tmp_path / "restarted" / "worker0.npz")
   assert sorted(restarted.files) == sorted(straight.files) and len(straight.files) > 4
   for key in straight.files:
     np.testing.assert_allclose(restarted[key], straight[key], rtol=0, atol=1e-6, err_msg=key)

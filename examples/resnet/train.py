@@ -265,14 +265,7 @@ def _write(writers, split, metrics, step):
 
 def main(argv):
   del argv
-  try:
-    _main()
-  except ValueError as error:
-    # The checks' errors name the flag to change and how (`--data_dir: ...`): the
-    # message is the whole answer, a traceback would only bury it.
-    if not str(error).startswith("--"):
-      raise
-    raise SystemExit(f"error: {error}") from None
+  common.exit_on_flag_errors(_main)
 
 
 def _main():
