@@ -73,7 +73,8 @@ class Replicator:
     self._new_variables = (peers.NewVariables(self._peers, self._factory.created,
                                               lambda: self._steps_completed)
                            if self._peers is not None else None)
-    self._inputs = streams.InputStreams(mesh)
+    self._strategy_engine = None  # a StrategyEngine, where a strategy runs the steps
+    self._inputs = streams.InputStreams(mesh, self._iterator_of)
     self._steps = {}  # (step_fn, input_fn) -> CompiledStep
     self._closed = False
     if self._peers is not None:
@@ -111,7 +112,9 @@ class Replicator:
   def context(self):
     """Variables created inside are replicated on every replica."""
     self._check_open("context")
-    with self._factory.scope():
+    scope = (self._factory.scope() if self._strategy_engine is None
+             else self._strategy_engine.scope())
+    with scope:
       yield self
 
   def wrap_optimizer(self, optimizer, *, clip_global_norm=None,
@@ -132,6 +135,10 @@ class Replicator:
 
   def random_generator(self, seed: int) -> randomness.ReplicaGenerator:
     """A random generator that gives each replica its own stream from `seed`."""
+    if self._strategy_engine is not None:
+      if not isinstance(seed, int):
+        raise TypeError(f"seed: expected an int, got {seed!r}.")
+      return self._strategy_engine.random_generator(seed)
     return randomness.ReplicaGenerator(seed, self._mesh.local_replica_ids,
                                        self.num_replicas, self._placement)
 
@@ -186,22 +193,11 @@ class Replicator:
     and a step that returns nothing, come back as `None`. Raises
     `InputExhausted` when `input_fn`'s data ran out before `steps` steps.
     """
-    self._check_open("run")
-    if not tf.executing_eagerly():
-      raise RuntimeError(
-          "run: called inside a tf.function (or a graph). run compiles the steps "
-          "itself and is called from plain Python: remove the tf.function around "
-          "it, and pass steps=k to run k steps in one compiled call.")
-    if not callable(step_fn):
-      raise TypeError(f"step_fn: expected a callable, got {step_fn!r}.")
-    if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or
-        not 1 <= steps <= _MAX_STEPS):
-      raise ValueError(
-          f"steps: expected an int in [1, 2**63 - 1] (the compiled loop counts "
-          f"steps in an int64), got {steps!r}. Pass the number of steps to run.")
-    if not isinstance(args, (tuple, list)):
-      raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
+    self._check_run(step_fn, args, steps)
     iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
+    if self._strategy_engine is not None:
+      return self._run_on_strategy(step_fn, input_fn, iterator, element_spec,
+                                   int(steps), args)
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       compiled = steps_lib.CompiledStep(
@@ -246,6 +242,55 @@ class Replicator:
       raise errors.InputExhausted(completed, outputs if completed else None,
                                    uneven_batches=uneven)
     return outputs
+
+
+  def _check_run(self, step_fn, args, steps):
+    """Raises for `run`'s arguments, as every engine takes them."""
+    self._check_open("run")
+    if not tf.executing_eagerly():
+      raise RuntimeError(
+          "run: called inside a tf.function (or a graph). run compiles the steps "
+          "itself and is called from plain Python: remove the tf.function around "
+          "it, and pass steps=k to run k steps in one compiled call.")
+    if not callable(step_fn):
+      raise TypeError(f"step_fn: expected a callable, got {step_fn!r}.")
+    if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or
+        not 1 <= steps <= _MAX_STEPS):
+      raise ValueError(
+          f"steps: expected an int in [1, 2**63 - 1] (the compiled loop counts "
+          f"steps in an int64), got {steps!r}. Pass the number of steps to run.")
+    if not isinstance(args, (tuple, list)):
+      raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
+
+  def _run_on_strategy(self, step_fn, input_fn, iterator, element_spec,
+                       steps: int, args):
+    """`run` on the strategy engine: one call of `steps` steps."""
+    try:
+      completed, outputs = self._strategy_engine.run(
+          step_fn, input_fn, iterator, element_spec, steps, args)
+    except tf.errors.OpError as error:
+      shapes = step_checks.output_shape_error(error, step_fn)
+      if shapes is not None:
+        raise shapes from error
+      raise
+    self._steps_completed += completed
+    if input_fn is not None:
+      self._inputs.count_steps(input_fn, completed)
+    if completed < steps:
+      raise errors.InputExhausted(completed, outputs if completed else None)
+    return outputs
+
+  def _iterator_of(self, dataset: tf.data.Dataset):
+    """An iterator of `dataset`'s batches, as this replicator's engine takes it."""
+    if self._strategy_engine is not None:
+      return self._strategy_engine.iterator(dataset)
+    return iter(dataset)
+
+  def _replicated_variables(self):
+    """Every variable made in `context()` or in a step, in creation order."""
+    if self._strategy_engine is not None:
+      return self._strategy_engine.created
+    return self._factory.created
 
   def _run_counted(self, compiled, step_fn, input_fn, iterator, steps: int, args):
     """`compiled`'s `(completed, outputs, status)` for `steps` steps, counted.
@@ -335,7 +380,8 @@ class Replicator:
 
   def assert_replicas_in_sync(self, variables_to_check):
     """Raises `ReplicasDiverged` naming the first variable whose copies differ."""
-    divergence.assert_in_sync(variables_to_check, self._mesh.local_replica_ids)
+    copies = (None if self._strategy_engine is None else self._strategy_engine.copies)
+    divergence.assert_in_sync(variables_to_check, self._mesh.local_replica_ids, copies)
 
   def shutdown(self):
     """Releases the devices; idempotent. `run` afterwards raises."""
@@ -344,6 +390,8 @@ class Replicator:
       self._peers.stop()
     self._steps.clear()
     self._inputs.clear()
+    if self._strategy_engine is not None:
+      self._strategy_engine.clear()
 
   def _check_open(self, method):
     if self._closed:

@@ -389,7 +389,7 @@ def _input_records(trackables: dict) -> list:
            for trackable in trackables.values() for v in _variables_of(trackable)}
 
   def owns_saved(repl):
-    return any(id(v) in saved for v in repl._factory.created)  # pylint: disable=protected-access
+    return any(id(v) in saved for v in repl._replicated_variables())  # pylint: disable=protected-access
 
   took_input = [r for r in reversed(_open_replicators()) if r.input_positions()]
   ordered = sorted(took_input, key=lambda r: not owns_saved(r))  # stable

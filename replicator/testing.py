@@ -2,6 +2,9 @@
 
 import contextlib
 
+import sonnet as snt
+import tensorflow as tf
+
 from replicator.collectives import reductions
 from replicator.mesh import configure_logical_cpus  # noqa: F401  (public here)
 
@@ -20,3 +23,30 @@ def merges_as_collectives():
     yield
   finally:
     reductions.merged_by_collectives = merged_by_collectives
+
+
+def tpu_engine_on_cpus(num_replicas: int = 2):
+  """A `TpuReplicator` on the strategy engine, over `num_replicas` logical CPUs.
+
+  The engine `TpuReplicator()` runs on a TPU, with a stand-in for
+  `TPUStrategy`: Sonnet's `Replicator` (a `MirroredStrategy`) over logical CPU
+  devices. Each step is compiled with XLA before its first run, as a TPU
+  compiles it, so a step a TPU cannot compile fails here too. What the
+  stand-in cannot show: the TPU's own compiler and memory, and `TPUStrategy`'s
+  host loop (docs/design.md, "The strategy engine").
+
+  >>> repl = tpu_engine_on_cpus(2)
+  >>> repl.num_replicas
+  2
+  """
+  from replicator import tpu  # pylint: disable=import-outside-toplevel
+  if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
+    raise ValueError(f"num_replicas: expected an int >= 1, got {num_replicas!r}.")
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  if len(tf.config.get_logical_device_configuration(cpu) or ()) < num_replicas:
+    configure_logical_cpus(num_replicas)
+  strategy = snt.distribute.Replicator(
+      devices=[f"/cpu:{i}" for i in range(num_replicas)])
+  repl = tpu.TpuReplicator.__new__(tpu.TpuReplicator)
+  repl._on_strategy(strategy, compile_check=True)  # pylint: disable=protected-access
+  return repl

@@ -3,11 +3,13 @@
 import os
 from typing import Optional
 
+import sonnet as snt
 import tensorflow as tf
 
 from replicator import errors
 from replicator import base
 from replicator.mesh import Mesh
+from replicator.strategy_engine import engine as strategy_engine
 
 _SUPPORTED_CORES = (1, 2, 4, 8)
 
@@ -18,6 +20,12 @@ def _check_cores(num_tpu_cores_per_worker):
         f"num_tpu_cores_per_worker: {num_tpu_cores_per_worker!r} is not a TPU "
         f"host size; use one of {_SUPPORTED_CORES} (v2/v3 hosts: 8 cores, v4: "
         "4 chips, v5e-1: 1), or None to read it from the TPU.")
+
+
+def _hosts(strategy) -> int:
+  """The TPU hosts (workers) `strategy` spans."""
+  hosts = {d.split("/device:")[0] for d in strategy.extended.worker_devices}
+  return len(hosts)
 
 
 def _tpu_address(tpu: Optional[str]) -> str:
@@ -56,13 +64,17 @@ class TpuReplicator(base.Replicator):
   def __init__(self, num_workers: int = 1,
                num_tpu_cores_per_worker: Optional[int] = None,
                tpu: Optional[str] = None, emulate_on_cpu: bool = False):
-    if num_workers != 1:
-      raise NotImplementedError(
-          f"num_workers: {num_workers} TPU hosts requested; this version runs "
-          "one TPU host (num_workers=1).")
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
+      raise ValueError(f"num_workers: expected an int >= 1 (TPU hosts), got "
+                       f"{num_workers!r}.")
     if num_tpu_cores_per_worker is not None:
       _check_cores(num_tpu_cores_per_worker)
     if emulate_on_cpu:
+      if num_workers != 1:
+        raise ValueError(
+            f"num_workers: {num_workers} TPU hosts requested with "
+            "emulate_on_cpu=True; the emulator runs one host's cores in this "
+            "process. Pass num_workers=1.")
       cores = num_tpu_cores_per_worker or 8
       mesh = Mesh(devices=[f"TPU:{i}" for i in range(cores)])
       super().__init__(mesh, placement=["CPU:0"] * cores, jit_compile=True)
@@ -79,9 +91,28 @@ class TpuReplicator(base.Replicator):
           "Cloud TPU VM or current Colab, install the tensorflow-tpu build; on a "
           "TPU Node set TPU_NAME (or pass tpu='name'); to try TPU semantics "
           "without a TPU, pass emulate_on_cpu=True.") from error
-    raise NotImplementedError(
-        "TpuReplicator: running on a real TPU is not available in this "
-        "version; use emulate_on_cpu=True.")
+    strategy = snt.distribute.TpuReplicator(resolver)
+    self._on_strategy(strategy, compile_check=False, num_workers=num_workers,
+                      num_tpu_cores_per_worker=num_tpu_cores_per_worker)
+
+  def _on_strategy(self, strategy, compile_check: bool, num_workers: int = 1,
+                   num_tpu_cores_per_worker: Optional[int] = None):
+    """Runs this replicator's steps on `strategy` (the strategy engine)."""
+    hosts = _hosts(strategy)
+    cores = strategy.num_replicas_in_sync // max(hosts, 1)
+    if num_workers != hosts:
+      raise ValueError(
+          f"num_workers: {num_workers} TPU hosts requested; the TPU found has "
+          f"{hosts} host(s) with {cores} cores each. Pass num_workers={hosts} "
+          "(or leave it out for one host).")
+    if num_tpu_cores_per_worker is not None and num_tpu_cores_per_worker != cores:
+      raise ValueError(
+          f"num_tpu_cores_per_worker: {num_tpu_cores_per_worker} requested; the "
+          f"TPU found has {cores} cores per host. Pass {cores}, or None to use "
+          "them all.")
+    devices = [d.split("/device:")[-1] for d in strategy.extended.worker_devices]
+    super().__init__(Mesh(devices=devices))
+    self._strategy_engine = strategy_engine.StrategyEngine(strategy, compile_check)
 
   def _check_dataset(self, dataset, input_fn):
     name = errors.name_of(input_fn)

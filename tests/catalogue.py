@@ -7,6 +7,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
+from replicator import testing
 
 # name -> (constructor, number of replicas)
 REPLICATORS = {
@@ -17,6 +18,9 @@ REPLICATORS = {
         devices=[f"/cpu:{i}" for i in range(4)]), 4),
     "tpu_emulated_2": (lambda: replicator.TpuReplicator(
         num_tpu_cores_per_worker=2, emulate_on_cpu=True), 2),
+    # The engine TpuReplicator() runs on a TPU, on a stand-in strategy.
+    "tpu_engine_2": (lambda: testing.tpu_engine_on_cpus(2), 2),
+    "tpu_engine_8": (lambda: testing.tpu_engine_on_cpus(8), 8),
 }
 MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
 # The TPU emulator compiles the step with XLA, which has no summary kernels.

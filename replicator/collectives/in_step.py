@@ -163,6 +163,9 @@ def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
 
 
 def replica_id() -> tf.Tensor:
+  strategy = replica_context.strategy_replica()
+  if strategy is not None:
+    return strategy.replica_id()
   replica = current_replica("replica_id")
   return tf.constant(replica.replica_id, tf.int32, name="replica_id")
 
@@ -171,6 +174,11 @@ def all_reduce(value, op=reduce_options.ReduceOp.SUM,
                options: reduce_options.AllReduceOptions = reduce_options.AllReduceOptions(),
                method: str = "all_reduce"):
   op = reduce_options.check_reduce_op(op)
+  strategy = replica_context.strategy_replica()
+  if strategy is not None:
+    flat = _flatten(value, f"{method}({op.name})")
+    reduce_options.check_reducible(flat, op, method)
+    return tf.nest.pack_sequence_as(value, strategy.all_reduce(flat, op, options))
 
   def single(flat):  # one replica: the identity, after N replicas' checks
     reduce_options.check_reducible(flat, op, method)
@@ -204,6 +212,11 @@ def all_reduce(value, op=reduce_options.ReduceOp.SUM,
 
 
 def all_gather(value, axis: int = 0):
+  strategy = replica_context.strategy_replica()
+  if strategy is not None:
+    return tf.nest.pack_sequence_as(
+        value, strategy.all_gather(_flatten(value, "all_gather"), axis))
+
   def grad(xs, ys, summed_dys, replica):
     del ys
     # Each replica's part of the gathered gradient starts after the earlier
@@ -272,7 +285,8 @@ def _static_starts(values, axis: int, workers):
 
 
 def broadcast(value, source_replica: int = 0):
-  replica = current_replica("broadcast")
+  strategy = replica_context.strategy_replica()
+  replica = strategy or current_replica("broadcast")
   if (not isinstance(source_replica, numbers.Integral)
       or isinstance(source_replica, bool)):
     raise TypeError(
@@ -281,10 +295,14 @@ def broadcast(value, source_replica: int = 0):
         "source at run time, all_sum(tf.where(repl.replica_id == source, "
         "value, tf.zeros_like(value))).")
   source_replica = int(source_replica)
-  if not 0 <= source_replica < replica.group.num_replicas:
+  num_replicas = strategy.num_replicas if strategy else replica.group.num_replicas
+  if not 0 <= source_replica < num_replicas:
     raise ValueError(
-        f"broadcast: source_replica must be in [0, {replica.group.num_replicas}), "
+        f"broadcast: source_replica must be in [0, {num_replicas}), "
         f"got {source_replica}.")
+  if strategy is not None:
+    return tf.nest.pack_sequence_as(
+        value, strategy.broadcast(_flatten(value, "broadcast"), source_replica))
 
   def grad(xs, ys, summed_dys, replica):
     del xs, ys

@@ -55,6 +55,37 @@ def _entered(replica: Optional[ReplicaContext]):
     _local.replica = previous
 
 
+def strategy_replica():
+  """The replica of a `tf.distribute` step being traced on this thread, or None.
+
+  Steps of the strategy engine (`replicator.strategy_engine`) are traced by
+  `tf.distribute` itself; while one is, the collectives of this package go to
+  the object that engine enters here (its `StrategyReplica`), which has
+  `num_replicas`, `replica_id()`, `all_reduce`, `all_gather` and `broadcast`.
+  """
+  return getattr(_local, "strategy_replica", None)
+
+
+@contextlib.contextmanager
+def entered_strategy_replica(replica):
+  """Within, this thread traces `replica`'s step (see `strategy_replica`)."""
+  previous = strategy_replica()
+  _local.strategy_replica = replica
+  try:
+    yield
+  finally:
+    _local.strategy_replica = previous
+
+
+def replicas_in_step() -> Optional[int]:
+  """The number of replicas of the step traced on this thread; None outside one."""
+  replica = current()
+  if replica is not None:
+    return replica.group.num_replicas
+  replica = strategy_replica()
+  return None if replica is None else replica.num_replicas
+
+
 def local_writes() -> bool:
   """True while updates go straight to this replica's copy (no aggregation)."""
   return getattr(_local, "local_writes", False)

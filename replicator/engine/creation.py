@@ -100,8 +100,8 @@ class VariableFactory:
     shape = initial_value.shape if shape is None else tf.TensorShape(shape)
     if not shape.is_fully_defined():
       return None
-    subgraph = _subgraph(initial_value) if tf.is_symbolic_tensor(initial_value) else ()
-    if subgraph is None:
+    ops = subgraph(initial_value) if tf.is_symbolic_tensor(initial_value) else ()
+    if ops is None:
       return None
     # As `tf.function`'s own variables (which ignore other creators alike).
     with tf.device(self._devices[0]):
@@ -112,7 +112,7 @@ class VariableFactory:
           synchronization=kwargs.get("synchronization", tf.VariableSynchronization.AUTO),
           aggregation=kwargs.get("aggregation", tf.VariableAggregation.NONE),
           extra_handle_data=initial_value)
-    self._lifted.append((variable, initial_value, subgraph))
+    self._lifted.append((variable, initial_value, ops))
     return variable
 
   @contextlib.contextmanager
@@ -173,7 +173,7 @@ class VariableFactory:
         if batch:
           copies = lift_to_graph.lift_to_graph(
               [value for _, value, _ in batch], tf.compat.v1.get_default_graph(),
-              op_map=copies, disallowed_placeholders=_Inputs(batch[0][1].graph),
+              op_map=copies, disallowed_placeholders=Inputs(batch[0][1].graph),
               handle_captures=True)
           for variable, value, _ in batch:
             variable.assign(copies[value], read_value=False)
@@ -273,8 +273,8 @@ def _drop_orderings_added_later(variable, subgraph: frozenset, initializers: fro
     op._add_control_inputs(kept)  # pylint: disable=protected-access
 
 
-class _Inputs:
-  """`op in _Inputs(graph)`: whether `op` is the placeholder of one of `graph`'s
+class Inputs:
+  """`op in Inputs(graph)`: whether `op` is the placeholder of one of `graph`'s
   inputs, not of a value it captured (those are looked up only for a
   placeholder met, since the captures are many and initializers rarely meet one)."""
 
@@ -293,14 +293,14 @@ def _used_only_to_initialize(subgraphs) -> set:
           if all(consumer in ops for output in op.outputs for consumer in output.consumers())}
 
 
-def _subgraph(value: tf.Tensor) -> Optional[frozenset]:
+def subgraph(value: tf.Tensor) -> Optional[frozenset]:
   """The ops that compute `value` in its trace; None if an input feeds it.
 
   Values captured from outside the trace (variables, tensors) may.
   """
   ops = set()
   try:
-    op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=_Inputs(value.graph),
+    op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=Inputs(value.graph),
                              visited_ops=ops, op_outputs=collections.defaultdict(set),
                              add_sources=False)
   except op_selector.UnliftableError:

@@ -1,6 +1,6 @@
 """Whether the copies of replicated variables still agree, bit for bit."""
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -8,12 +8,17 @@ from replicator import errors
 from replicator.engine import variables
 
 
-def assert_in_sync(variables_to_check, replica_ids: Sequence[int]):
+def assert_in_sync(variables_to_check, replica_ids: Sequence[int],
+                   copies_of: Optional[Callable] = None):
   """Raises `ReplicasDiverged` naming the first variable whose copies differ.
 
   `replica_ids`: the global ids of the replicas that hold the local copies.
+  `copies_of(variable)`: its copies, where another engine made it.
   """
   for variable in tf.nest.flatten(variables_to_check):
+    if copies_of is not None:
+      _compare(variable.name, [_checksum(c) for c in copies_of(variable)], replica_ids)
+      continue
     inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
     if isinstance(inner, variables.ReplicatedVariable):
       variable = inner
@@ -21,13 +26,17 @@ def assert_in_sync(variables_to_check, replica_ids: Sequence[int]):
       raise TypeError(
           f"variables: {getattr(variable, 'name', variable)!r} is not a "
           "replicated variable; create it inside repl.context().")
-    sums = [_checksum(copy) for copy in variable.replicas]
-    for r, value in enumerate(sums[1:], start=1):
-      if value != sums[0]:
-        raise errors.ReplicasDiverged(
-            f"Variable {variable.name!r} differs between replica "
-            f"{replica_ids[0]} and replica {replica_ids[r]} (checksums "
-            f"{sums[0]} vs {value}).")
+    _compare(variable.name, [_checksum(copy) for copy in variable.replicas],
+             replica_ids)
+
+
+def _compare(name: str, sums, replica_ids):
+  for r, value in enumerate(sums[1:], start=1):
+    if value != sums[0]:
+      raise errors.ReplicasDiverged(
+          f"Variable {name!r} differs between replica "
+          f"{replica_ids[0]} and replica {replica_ids[r]} (checksums "
+          f"{sums[0]} vs {value}).")
 
 
 def _checksum(variable) -> int:

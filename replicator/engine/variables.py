@@ -32,7 +32,7 @@ _Aggregation = tf.VariableAggregation
 _ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
 
 
-def _reduce_op(aggregation, dtype):
+def reduce_op_of(aggregation, dtype):
   if aggregation == _Aggregation.SUM:
     return reduce_options.ReduceOp.SUM
   if aggregation == _Aggregation.ONLY_FIRST_REPLICA or not dtype.is_floating:
@@ -54,7 +54,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     self._vars = [primary]
     self._devices = tuple(devices)
     self._aggregation = aggregation or _Aggregation.NONE
-    self._reduce_op = _reduce_op(self._aggregation, primary.dtype)
+    self._reduce_op = reduce_op_of(self._aggregation, primary.dtype)
     # A metric's accumulator (Keras: SUM, ON_READ) is written as
     # `assign(total + x)`: summing the assigned values would count the old
     # total once per replica, so the replicas' changes are summed instead.

@@ -94,8 +94,9 @@ class InputStreams:
   replicator's hook for stricter datasets (`Replicator._check_dataset`).
   """
 
-  def __init__(self, mesh: Mesh):
+  def __init__(self, mesh: Mesh, iterator_of: Callable = iter):
     self._mesh = mesh
+    self._iterator_of = iterator_of  # a dataset's iterator, as the engine takes it
     self._inputs = {}  # input_fn -> (iterator, element_spec)
     self._uneven_inputs = set()  # input_fns marked by allow_uneven_batches
     self._consumed = {}  # input key -> steps taken from it since its start
@@ -174,7 +175,7 @@ class InputStreams:
       if not skipped:
         dataset = dataset.skip(taken * self._mesh.devices_per_worker)
     with tf.device("/device:CPU:0"):
-      return iter(dataset), dataset.element_spec
+      return self._iterator_of(dataset), dataset.element_spec
 
   def positions(self) -> dict:
     """Steps taken from each input since it started (what a checkpoint keeps)."""

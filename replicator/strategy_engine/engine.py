@@ -1,0 +1,80 @@
+"""`StrategyEngine`: what `TpuReplicator` does on a `tf.distribute` strategy.
+
+The replicator's own parts (argument checks, inputs and their positions,
+errors) are shared with the in-graph engine; this holds what differs: the
+strategy's scope, its variables and its compiled steps.
+"""
+
+import contextlib
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+
+from replicator.strategy_engine import steps as steps_lib
+from replicator.strategy_engine import variables
+
+
+class StrategyEngine:
+  """Runs replicated steps on `strategy` (a TPUStrategy, or a stand-in).
+
+  Args:
+    strategy: a `tf.distribute` strategy whose replica context has
+      `all_reduce` and `all_gather` and whose variables made under
+      `synchronization=ON_READ` are replica-local (Sonnet's `TpuReplicator`
+      and `Replicator` are both, and Sonnet's optimizers accept them).
+    compile_check: compile each step with XLA before its first run (where
+      the strategy does not compile it itself).
+  """
+
+  def __init__(self, strategy, compile_check: bool):
+    self.strategy = strategy
+    self._compile_check = compile_check
+    self._creator = variables.VariableCreator()
+    self._steps = {}  # (step_fn, input_fn) -> StrategyStep
+
+  @property
+  def created(self):
+    """Every variable made in the scope or in a step, in creation order."""
+    return self._creator.created
+
+  @contextlib.contextmanager
+  def scope(self):
+    """The strategy's scope, with this engine's variable creator."""
+    with self.strategy.scope(), tf.variable_creator_scope(self._creator):
+      yield
+
+  def iterator(self, dataset: tf.data.Dataset):
+    """A distributed iterator over `dataset` (consecutive elements to
+    consecutive replicas, one per replica a step)."""
+    return iter(self.strategy.distribute_datasets_from_function(
+        lambda unused_context: dataset))
+
+  def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
+          element_spec, steps: int, args: Sequence[Any]):
+    """`(steps completed, outputs of the last)` of `steps` steps."""
+    step = self._steps.get((step_fn, input_fn))
+    if step is None:
+      step = steps_lib.StrategyStep(step_fn, element_spec, self.strategy,
+                                    self._creator, self._compile_check)
+      self._steps[(step_fn, input_fn)] = step
+    return step(iterator, steps, args)
+
+  def copies(self, variable) -> Sequence[tf.Variable]:
+    """The local copies of `variable` (a variable this engine made)."""
+    inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
+    if isinstance(inner, tf.Variable) and hasattr(inner, "values"):
+      variable = inner
+    if not any(variable is v for v in self._creator.created):
+      raise TypeError(
+          f"variables: {getattr(variable, 'name', variable)!r} is not a "
+          "replicated variable; create it inside repl.context().")
+    return tuple(variable.values)
+
+  def random_generator(self, seed: int) -> tf.random.Generator:
+    """A generator made in the strategy's scope: each replica draws its own
+    stream in a step (tf.distribute folds the replica into the key)."""
+    with self.strategy.scope():
+      return tf.random.Generator.from_seed(seed)
+
+  def clear(self):
+    self._steps.clear()

@@ -1,0 +1,182 @@
+"""A step of the strategy engine: `run(step_fn, input_fn, steps=k)` as one call.
+
+The first call of a (step_fn, input_fn) pair traces step_fn alone once, to
+make the variables it creates (`variables.VariableCreator.lifting`) and to
+learn its outputs; on a stand-in strategy, step_fn is then compiled with XLA
+(to HLO, not run), so that a step a TPU could not compile fails here too.
+The loop is a `tf.function`: each of its k iterations takes one batch per
+replica from the distributed iterator (`get_next_as_optional`, so running out
+of data ends the loop between steps) and runs `strategy.run`. What the last
+step returned travels out of the loop as plain tensors, one per replica
+(`experimental_local_results`): a `PerReplica` cannot be a loop variable.
+"""
+
+import contextlib
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.python.framework import func_graph as func_graph_lib
+
+from replicator import errors
+from replicator.collectives import replica_context
+from replicator.engine import creation
+from replicator.engine import step_args
+from replicator.engine import step_checks
+from replicator.patches import registry as patches
+from replicator.strategy_engine import collectives
+
+
+class StrategyStep:
+  """`step_fn` with one input, compiled for a `tf.distribute` strategy.
+
+  Args:
+    step_fn: the user's step.
+    element_spec: one replica's batch (None without input).
+    strategy: the strategy that runs it.
+    creator: the engine's `VariableCreator`.
+    compile_check: compile step_fn with XLA before its first run (a
+      stand-in for a TPU, which compiles it anyway).
+  """
+
+  def __init__(self, step_fn: Callable, element_spec, strategy, creator,
+               compile_check: bool):
+    self._step_fn = step_fn
+    self._element_spec = element_spec
+    self._strategy = strategy
+    self._creator = creator
+    self._compile_check = compile_check
+    self._num_replicas = strategy.num_replicas_in_sync
+    self._num_local = len(strategy.extended.worker_devices)
+    self._traced = {}  # args signature -> flat output specs (None for None leaves)
+    self._loop = tf.function(self._loop_fn, autograph=False)
+
+  def __call__(self, iterator, steps: int, args: Sequence[Any]):
+    """`(steps completed, outputs of the last one, stacked)`."""
+    args = step_args.by_reference(tuple(args))
+    signature = step_args.signature(args)
+    if signature not in self._traced:
+      self._traced[signature] = self._trace_alone(args, creating=not self._traced)
+    structure, specs = self._traced[signature]
+    completed, leaves = self._loop(iterator, tf.constant(steps, tf.int64), args,
+                                   signature)
+    stacked = iter(step_checks.stack_over_replicas(list(per_replica), self._step_fn)
+                   for per_replica in leaves)
+    outputs = tf.nest.pack_sequence_as(
+        structure, [None if spec is None else next(stacked) for spec in specs])
+    return int(completed), outputs
+
+  def _call_step(self, batch, args):
+    converted = tf.__internal__.autograph.tf_convert(
+        self._step_fn, tf.__internal__.autograph.control_status_ctx())
+    inputs = (() if batch is None else (batch,)) + tuple(step_args.dereference(args))
+    return step_checks.check_outputs(converted(*inputs), self._step_fn)
+
+  def _trace_alone(self, args, creating: bool):
+    """step_fn's output structure and leaf specs, from a trace of it alone.
+
+    Variables it makes are made here (the first trace only); on a stand-in,
+    step_fn is compiled with XLA too.
+    """
+    replica = collectives.StrategyReplica(self._num_replicas, alone=True)
+    graph = func_graph_lib.FuncGraph(f"{errors.name_of(self._step_fn)}_alone")
+    lifting = self._creator.lifting() if creating else contextlib.nullcontext()
+    no_creation = (contextlib.nullcontext() if creating else creation.no_creation(
+        creation.created_where("on a later trace (run with new args)")))
+    with lifting, self._strategy.scope(), graph.as_default(), \
+        tf.variable_creator_scope(self._creator), no_creation, \
+        self._first_replica(), replica_context.entered_strategy_replica(replica), \
+        patches.while_tracing():
+      batch = (None if self._element_spec is None else tf.nest.map_structure(
+          lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), self._element_spec))
+      outputs = self._call_step(batch, args)
+    flat = tf.nest.flatten(outputs)
+    specs = [None if leaf is None else tf.TensorSpec(leaf.shape, leaf.dtype)
+             for leaf in flat]
+    for spec in specs:
+      if spec is not None and spec.dtype in (tf.string, tf.variant, tf.resource):
+        raise TypeError(
+            f"step_fn: {errors.name_of(self._step_fn)} returns a {spec.dtype.name} "
+            "tensor; a TPU step returns numbers only. Return numeric tensors and "
+            "turn them into text after run.")
+    if self._compile_check:
+      self._check_compiles(args)
+    return outputs, specs
+
+  def _first_replica(self):
+    """The replica context of replica 0, for a trace outside `strategy.run`
+    (where a variable's handle is its first copy's)."""
+    return tf.distribute.ReplicaContext(self._strategy, replica_id_in_sync_group=0)
+
+  def _check_compiles(self, args):
+    """Compiles step_fn alone with XLA (to HLO), as a TPU compiles each step."""
+    replica = collectives.StrategyReplica(self._num_replicas, alone=True)
+
+    def step(*batch):
+      with self._strategy.scope(), self._first_replica(), \
+          replica_context.entered_strategy_replica(replica), \
+          creation.no_creation(creation.created_where("in the XLA check")):
+        outputs = self._call_step(batch[0] if batch else None, args)
+      return [leaf for leaf in tf.nest.flatten(outputs) if leaf is not None]
+
+    compiled = tf.function(step, jit_compile=True, autograph=False)
+    batch = (() if self._element_spec is None else
+             (tf.nest.map_structure(lambda s: tf.zeros(
+                 [d or 1 for d in s.shape.as_list()], s.dtype), self._element_spec),))
+    try:
+      with patches.while_tracing():
+        compiled.experimental_get_compiler_ir(*batch)(stage="hlo")
+    except (tf.errors.OpError, ValueError) as error:
+      unsupported = step_checks.xla_unsupported(
+          error, self._step_fn, "a TPU step is one XLA computation (the stand-in "
+          "compiles it the same way)")
+      if unsupported is not None:
+        raise unsupported from error
+      raise
+
+  def _loop_fn(self, iterator, steps, args, signature):
+    structure, specs = self._traced[signature]
+    del structure
+    kept = [spec for spec in specs if spec is not None]
+    replica = collectives.StrategyReplica(self._num_replicas)
+    strategy = self._strategy
+
+    def replica_step(*batch):
+      with replica_context.entered_strategy_replica(replica), \
+          creation.no_creation(creation.created_where(
+              "in the step traced by tf.distribute")):
+        outputs = self._call_step(batch[0] if batch else None, args)
+      return [leaf for leaf in tf.nest.flatten(outputs) if leaf is not None]
+
+    def local(per_replica):
+      return [tuple(strategy.experimental_local_results(leaf)) for leaf in per_replica]
+
+    def zeros(spec):
+      return tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype)
+
+    initial = [tuple(zeros(spec) for _ in range(self._num_local)) for spec in kept]
+    invariants = [tuple(spec.shape for _ in range(self._num_local)) for spec in kept]
+
+    def body(completed, last):
+      if iterator is None:
+        with patches.while_tracing():
+          results = strategy.run(replica_step)
+        return completed + 1, local(results)
+      batch = iterator.get_next_as_optional()
+
+      def run_step():
+        with patches.while_tracing():
+          results = strategy.run(replica_step, args=(batch.get_value(),))
+        return completed + 1, local(results)
+
+      # Out of data after `completed` steps: -(completed + 1) ends the loop.
+      return tf.cond(batch.has_value(), run_step, lambda: (-completed - 1, last))
+
+    def more(completed, last):
+      del last
+      return tf.logical_and(completed >= 0, completed < steps)
+
+    completed, last = tf.while_loop(
+        more, body, (tf.constant(0, tf.int64), initial),
+        shape_invariants=(tf.TensorShape([]), invariants))
+    completed = tf.where(completed < 0, -completed - 1, completed)
+    return completed, last

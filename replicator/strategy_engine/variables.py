@@ -1,0 +1,206 @@
+"""The variables of the strategy engine: a copy per replica, kept identical.
+
+Every variable is made replica-local (`ON_READ`, read as the first replica's
+copy), as Sonnet's own `TpuReplicator` makes them, so that each replica
+applies the optimizer's update to its own copy once the gradients are
+averaged: no all-reduce per write. Any other write inside a step (a moving
+average, a counter) is merged over the replicas at the write, as on the
+in-graph engine (`engine.variables`): a float mean (or the variable's own
+`aggregation`), the first replica's value for integers.
+
+Variables that the first trace of a step creates are made in a trace of
+`step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`):
+each is created outside that trace, under the strategy's scope, and gets the
+initial value the trace computed. TPUStrategy cannot create variables inside
+its step, which is where Sonnet's `TpuReplicator` fails on a lazily built
+model.
+"""
+
+import contextlib
+from typing import List, Optional
+
+import tensorflow as tf
+from tensorflow.python.eager import lift_to_graph
+from tensorflow.python.trackable import base as trackable
+
+from replicator.collectives import reduce_options
+from replicator.collectives import replica_context
+from replicator.engine import creation
+from replicator.engine import variables as in_graph_variables
+
+_Aggregation = tf.VariableAggregation
+_ON_READ = tf.VariableSynchronization.ON_READ
+_SPARSE = ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
+           "scatter_min", "scatter_max", "scatter_update", "batch_scatter_update",
+           "scatter_nd_update", "scatter_nd_add", "scatter_nd_sub")
+
+
+class _MergedWrites:
+  """Placed before a `tf.distribute` variable class: inside a step, a write
+  that is not the optimizer's is merged over the replicas first."""
+
+  aggregation = property(lambda self: self._replicator_aggregation)
+
+  def assign(self, value, use_locking=False, name=None, read_value=True):
+    return super().assign(self._merged("assign", value), use_locking, name, read_value)
+
+  def assign_add(self, delta, use_locking=False, name=None, read_value=True):
+    return super().assign_add(self._merged("assign_add", delta), use_locking, name,
+                              read_value)
+
+  def assign_sub(self, delta, use_locking=False, name=None, read_value=True):
+    return super().assign_sub(self._merged("assign_sub", delta), use_locking, name,
+                              read_value)
+
+  def _merged(self, method, value):
+    replica = replica_context.strategy_replica()
+    if replica is None or replica_context.local_writes() or replica.num_replicas == 1:
+      return value
+    value = tf.convert_to_tensor(value, self.dtype)
+    op = self._replicator_reduce_op
+    if op is None:  # integers, ONLY_FIRST_REPLICA: the first replica's
+      return replica.broadcast([value], 0)[0]
+    if method == "assign" and self._replicator_sums_changes:
+      old = self.read_value()
+      return old + replica.all_reduce([value - old], op, _OPTIONS)[0]
+    return replica.all_reduce([value], op, _OPTIONS)[0]
+
+
+_OPTIONS = reduce_options.AllReduceOptions()
+
+
+def _refuse_sparse(method):
+  def write(self, *args, **kwargs):
+    replica = replica_context.strategy_replica()
+    if (replica is not None and not replica_context.local_writes()
+        and replica.num_replicas > 1):
+      raise NotImplementedError(
+          f"{method}: step_fn writes rows of variable {self.name!r} "
+          f"({method}) outside the optimizer; on TpuReplicator such a write "
+          "is not merged over the replicas, so their copies would differ. "
+          "Write the whole variable (assign, assign_add), which is merged, or "
+          "run the step on MultiGpuReplicator.")
+    return getattr(super(_MergedWrites, self), method)(*args, **kwargs)
+  write.__name__ = method
+  return write
+
+
+for _method in _SPARSE:
+  setattr(_MergedWrites, _method, _refuse_sparse(_method))
+
+_classes = {}
+
+
+def _merging(variable, aggregation, synchronization):
+  """Makes `variable` (a `tf.distribute` variable) merge its writes."""
+  cls = type(variable)
+  if cls not in _classes:
+    _classes[cls] = type(cls.__name__, (_MergedWrites, cls), {})
+  variable.__class__ = _classes[cls]
+  variable._replicator_aggregation = aggregation  # pylint: disable=protected-access
+  reduce_op = in_graph_variables.reduce_op_of(aggregation, variable.dtype)
+  variable._replicator_reduce_op = reduce_op  # pylint: disable=protected-access
+  # A metric's accumulator (ON_READ, SUM) is written as assign(total + x).
+  variable._replicator_sums_changes = (  # pylint: disable=protected-access
+      reduce_op is reduce_options.ReduceOp.SUM and synchronization == _ON_READ)
+  return variable
+
+
+class VariableCreator:
+  """The variable creator of `repl.context()` and of a step's first trace."""
+
+  def __init__(self):
+    self.created: List[tf.Variable] = []
+    self._lifting: Optional[list] = None  # (variable, initial value, its ops)
+
+  def __call__(self, next_creator, **kwargs):
+    aggregation = kwargs.get("aggregation") or _Aggregation.NONE
+    synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
+    # The copies stay identical, so the first replica's copy is the value.
+    kwargs["synchronization"] = _ON_READ
+    if kwargs.get("trainable") is None:  # as tf.Variable decides it
+      kwargs["trainable"] = synchronization != _ON_READ
+    kwargs["aggregation"] = _Aggregation.ONLY_FIRST_REPLICA
+    if self._lifting is not None and tf.inside_function():
+      variable = self._create_outside_the_trace(next_creator, kwargs)
+    else:
+      variable = next_creator(**kwargs)
+    self.created.append(variable)
+    return _merging(variable, aggregation, synchronization)
+
+  def _create_outside_the_trace(self, next_creator, kwargs):
+    initial_value = kwargs.get("initial_value")
+    with tf.init_scope():
+      if callable(initial_value):  # Keras' initializers, a checkpoint's value
+        initial_value = initial_value()
+        if isinstance(initial_value, trackable.CheckpointInitialValue):
+          initial_value = initial_value.wrapped_value
+      if not tf.is_symbolic_tensor(initial_value):
+        kwargs["initial_value"] = initial_value
+        return next_creator(**kwargs)
+    shape = kwargs.get("shape")
+    shape = initial_value.shape if shape is None else tf.TensorShape(shape)
+    ops = creation.subgraph(initial_value)
+    if ops is None:
+      raise ValueError(
+          f"step_fn creates {creation.describe(kwargs)} whose initial value "
+          "depends on the step's input (data-dependent initialization); variables "
+          "made in the step are initialized before any batch arrives. Create it "
+          "before run, inside `with repl.context():`, or create it with a "
+          "placeholder value and assign the data's value in the step.")
+    if not shape.is_fully_defined():
+      raise ValueError(
+          f"step_fn creates {creation.describe(kwargs)} of shape {shape}, not "
+          "fully known when the step is traced; give it a static shape or create "
+          "it inside `with repl.context():` before run.")
+    with tf.init_scope():
+      kwargs["initial_value"] = tf.zeros(shape, initial_value.dtype)
+      kwargs["dtype"] = initial_value.dtype
+      variable = next_creator(**kwargs)
+    self._lifting.append((variable, initial_value, ops))
+    return variable
+
+  @contextlib.contextmanager
+  def lifting(self):
+    """Inside, a trace of step_fn alone may create variables; they hold their
+    initial values after (even when the trace raised)."""
+    self._lifting = []
+    try:
+      yield
+    finally:
+      lifted, self._lifting = self._lifting, None
+      _assign_initial_values(lifted)
+
+
+def _assign_initial_values(lifted):
+  """Gives each variable the initial value computed in the trace, in creation
+  order; a value that reads a variable made before it is computed after that
+  one holds its own."""
+  batch = []
+
+  def assign():
+    if not batch:
+      return
+    values = [value for _, value, _ in batch]
+
+    def compute():
+      copies = lift_to_graph.lift_to_graph(
+          values, tf.compat.v1.get_default_graph(),
+          disallowed_placeholders=creation.Inputs(values[0].graph),
+          handle_captures=True)
+      return [copies[value] for value in values]
+
+    with tf.init_scope():
+      computed = tf.function(compute, autograph=False).get_concrete_function()()
+      for (variable, _, _), value in zip(batch, computed):
+        variable.assign(value)
+    batch.clear()
+
+  for entry in lifted:
+    reads_captured = any(op.type == "Placeholder" for op in entry[2])
+    if reads_captured or (batch and batch[0][1].graph is not entry[1].graph):
+      assign()
+    batch.append(entry)
+    if reads_captured:
+      assign()
+  assign()
