@@ -1,6 +1,7 @@
 """Helpers for tests: several replicas on one CPU."""
 
 import contextlib
+import itertools
 
 import sonnet as snt
 import tensorflow as tf
@@ -45,8 +46,22 @@ def tpu_engine_on_cpus(num_replicas: int = 2):
   cpu = tf.config.list_physical_devices("CPU")[0]
   if len(tf.config.get_logical_device_configuration(cpu) or ()) < num_replicas:
     configure_logical_cpus(num_replicas)
-  strategy = snt.distribute.Replicator(
-      devices=[f"/cpu:{i}" for i in range(num_replicas)])
+  strategy = _StandIn(devices=[f"/cpu:{i}" for i in range(num_replicas)])
   repl = tpu.TpuReplicator.__new__(tpu.TpuReplicator)
   repl._on_strategy(strategy, compile_check=True)  # pylint: disable=protected-access
   return repl
+
+
+class _StandIn(snt.distribute.Replicator):
+  """Sonnet's `Replicator` whose collectives have group keys of their own.
+
+  Each `MirroredStrategy` numbers its collective groups from 1: two of them
+  of different sizes in one process would meet at group 1 and abort every
+  collective of the process.
+  """
+
+  _instances = itertools.count(1)
+
+  def __init__(self, devices):
+    self._collective_key_base = next(_StandIn._instances) * 100_000
+    super().__init__(devices=devices)

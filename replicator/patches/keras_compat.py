@@ -19,6 +19,13 @@ the replicas go wrong.
    the default one (a single replica): the flag would do nothing. Inside a
    step the sums go through our all-reduce instead, so the statistics are
    those of the global batch, as under `MirroredStrategy`.
+4. Gradients summed twice. Inside `tf.distribute`'s replica context (the
+   strategy engine's steps) a Keras optimizer all-reduces the gradients it is
+   given; the wrapped optimizer has averaged them already, so its update
+   skips that sum: N replicas would otherwise apply N times the mean. Its
+   update (and weight decay) then runs in a `merge_call`, which applies every
+   replica's value to every copy; it runs in the replica's context instead,
+   each replica updating its own copy, as Sonnet's optimizers do.
 """
 
 import tensorflow as tf
@@ -71,3 +78,34 @@ def sum_over_replicas(compute_moments_sync):
       mean, variance = tf.squeeze(mean, axes), tf.squeeze(variance, axes)
     return mean, variance
   return moments_over_replicas
+
+
+def reduced_once(all_reduce_sum_gradients):
+  """Keras' gradient sum, skipped for the wrapped optimizer's update (fix 4)."""
+  def all_reduce_sum_gradients_unless_reduced(self, grads_and_vars):
+    if (replica_context.strategy_replica() is not None
+        and replica_context.local_writes()):
+      return list(grads_and_vars)
+    return all_reduce_sum_gradients(self, grads_and_vars)
+  return all_reduce_sum_gradients_unless_reduced
+
+
+class _OwnCopies:
+  """As a `tf.distribute.Strategy` to Keras' update: each replica's own copy."""
+
+  class extended:  # pylint: disable=invalid-name
+    @staticmethod
+    def update(var, fn, args=(), kwargs=None, group=True):
+      del group
+      return fn(var, *args, **(kwargs or {}))
+
+
+def updates_own_copies(maybe_merge_call):
+  """TensorFlow's `maybe_merge_call`, without the merge for the wrapped
+  optimizer's update inside a strategy step (fix 4)."""
+  def maybe_merge_call_unless_local(fn, strategy, *args, **kwargs):
+    if (replica_context.strategy_replica() is not None
+        and replica_context.local_writes()):
+      return fn(_OwnCopies, *args, **kwargs)
+    return maybe_merge_call(fn, strategy, *args, **kwargs)
+  return maybe_merge_call_unless_local

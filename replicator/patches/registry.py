@@ -194,6 +194,24 @@ PATCHES = (
           "flag did nothing. Inside a step the sums go through our all-reduce.",
           patched_in=_KERAS_COMPAT, make=keras_compat.sum_over_replicas,
           known_for=_KERAS, needs_import=True),
+    Patch(module=f"{_KERAS_BACKEND}.optimizer", name="TFOptimizer._all_reduce_sum_gradients",
+          kind="method", parameters=("self", "grads_and_vars"), reads=(),
+          why="Inside tf.distribute's replica context (the strategy engine's "
+          "steps) a Keras optimizer sums the gradients over the replicas "
+          "itself; the wrapped optimizer has averaged them already, so N "
+          "replicas would apply N times the mean. Its update skips that sum.",
+          patched_in=_KERAS_COMPAT, make=keras_compat.reduced_once,
+          known_for=_KERAS, needs_import=True),
+    Patch(module="tensorflow._api.v2.__internal__.distribute.interim",
+          name="maybe_merge_call", kind="function",
+          parameters=("fn", "strategy", "*", "**"), reads=(),
+          why="A Keras optimizer applies its update (and weight decay) in a "
+          "merge_call, which in the strategy engine's steps applies every "
+          "replica's values to every copy: in the XLA check, copies on other "
+          "devices. The wrapped optimizer's update runs in the replica's "
+          "context instead, each replica updating its own copy.",
+          patched_in=_KERAS_COMPAT, make=keras_compat.updates_own_copies,
+          known_for=_TF),
     Patch(module=_AUTOGRAPH, name="CONVERSION_RULES", kind="rules",
           parameters=(), reads=(),
           why="Sonnet's modules that never call the user's code back are written "

@@ -40,6 +40,8 @@ class _MergedWrites:
   that is not the optimizer's is merged over the replicas first."""
 
   aggregation = property(lambda self: self._replicator_aggregation)
+  replicas = property(lambda self: tuple(self.values),
+                      doc="The local copies, in replica order (as the in-graph engine's).")
 
   def assign(self, value, use_locking=False, name=None, read_value=True):
     return super().assign(self._merged("assign", value), use_locking, name, read_value)
