@@ -28,9 +28,8 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
                scale=None, offset=None):
     self._initialize(inputs)
     use_batch_stats = is_training or test_local_stats
-    replica = replica_context.current()
-    across_replicas = (use_batch_stats and replica is not None
-                       and replica.group.num_replicas > 1)
+    replicas = replica_context.replicas_in_step()
+    across_replicas = use_batch_stats and replicas is not None and replicas > 1
     # snt.BatchNorm's own path, fused kernel included (the same bits), unless
     # the statistics are the global batch's, or the fused kernel's unbiased
     # moving variance is due and the kernel refuses the dtype.
@@ -87,17 +86,20 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     x = tf.cast(inputs, wide)
     replica = replica_context.current()
 
-    def forward(x):
+    def gather(mine):  # [replicas, 1 + 2 x channels]
+      return replica.collective(
+          "all_gather of the batch statistics", [mine],
+          lambda values: gathering.all_gather(values, 0, replica.group.devices,
+                                              workers=replica.group.workers))[0]
+
+    def forward(x, gather=gather):
       count = tf.cast(tf.size(x) // tf.shape(x)[self._channel_index], wide)
       mean = tf.math.divide_no_nan(tf.reduce_sum(x, self._axis, keepdims=True), count)
       squares = tf.reduce_sum(tf.math.squared_difference(x, mean), self._axis,
                               keepdims=True)
       mine = tf.concat([tf.reshape(count, [1, 1]), tf.reshape(mean, [1, -1]),
                         tf.reshape(squares, [1, -1])], axis=1)
-      every = replica.collective(  # [replicas, 1 + 2 x channels]
-          "all_gather of the batch statistics", [mine],
-          lambda values: gathering.all_gather(values, 0, replica.group.devices,
-                                              workers=replica.group.workers))[0]
+      every = gather(mine)
       channels = mean.shape.num_elements()
       counts, means, squares = tf.split(every, [1, channels, channels], axis=1)
       total = tf.reduce_sum(counts)
@@ -107,8 +109,11 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
       shape = tf.shape(mean)
       return [tf.reshape(global_mean, shape), tf.reshape(squares / total, shape), total]
 
-    mean, variance, total = in_step.with_summed_gradient(
-        "the batch statistics", forward, [x], _global_moments_gradient)
+    if replica is None:  # the strategy engine: tf.distribute's gather, differentiated
+      mean, variance, total = forward(x, gather=in_step.all_gather)
+    else:
+      mean, variance, total = in_step.with_summed_gradient(
+          "the batch statistics", forward, [x], _global_moments_gradient)
     return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype), total
 
 

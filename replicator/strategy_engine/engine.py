@@ -46,8 +46,13 @@ class StrategyEngine:
   def iterator(self, dataset: tf.data.Dataset):
     """A distributed iterator over `dataset` (consecutive elements to
     consecutive replicas, one per replica a step)."""
+    # Grouped and ungrouped, so that a last group with too few batches for
+    # every replica is dropped: the data has run out, as on the in-graph engine
+    # (tf.distribute would give the replicas left over empty batches).
+    local = len(self.strategy.extended.worker_devices)
+    grouped = dataset.batch(local, drop_remainder=True).unbatch()
     return iter(self.strategy.distribute_datasets_from_function(
-        lambda unused_context: dataset))
+        lambda unused_context: grouped))
 
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
           element_spec, steps: int, args: Sequence[Any]):

@@ -154,7 +154,11 @@ class StrategyStep:
       return tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype)
 
     initial = [tuple(zeros(spec) for _ in range(self._num_local)) for spec in kept]
-    invariants = [tuple(spec.shape for _ in range(self._num_local)) for spec in kept]
+    # The loop's outputs keep their rank: a batch dimension that the trace alone
+    # saw fixed may be unknown in the distributed step.
+    invariants = [tuple(tf.TensorShape([None] * spec.shape.rank)
+                        if spec.shape.rank is not None else tf.TensorShape(None)
+                        for _ in range(self._num_local)) for spec in kept]
 
     def body(completed, last):
       if iterator is None:

@@ -43,6 +43,16 @@ class _MergedWrites:
   replicas = property(lambda self: tuple(self.values),
                       doc="The local copies, in replica order (as the in-graph engine's).")
 
+  # As a tf.Variable outside a step: the value (the first replica's copy).
+  def __int__(self):
+    return int(self.read_value())
+
+  def __float__(self):
+    return float(self.read_value())
+
+  def __bool__(self):
+    return bool(self.read_value())
+
   def assign(self, value, use_locking=False, name=None, read_value=True):
     return super().assign(self._merged("assign", value), use_locking, name, read_value)
 
