@@ -65,3 +65,7 @@ class _StandIn(snt.distribute.Replicator):
   def __init__(self, devices):
     self._collective_key_base = next(_StandIn._instances) * 100_000
     super().__init__(devices=devices)
+    # Sums in the replica's context, without a merge_call, as on a TPU (where
+    # a step's tf.function may hold collectives too); MirroredStrategy makes
+    # them merge_calls on CPUs, which a nested tf.function cannot hold.
+    self.extended._use_merge_call = lambda: False

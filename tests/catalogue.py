@@ -23,6 +23,12 @@ REPLICATORS = {
     "tpu_engine_8": (lambda: testing.tpu_engine_on_cpus(8), 8),
 }
 MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
+
+
+def in_graph(name) -> bool:
+  """Whether `name` runs on the in-graph engine (replicator.engine), whose
+  merges a test may watch; the others run on the strategy engine."""
+  return not name.startswith("tpu_engine")
 # The TPU emulator compiles the step with XLA, which has no summary kernels.
 NOT_XLA = sorted(name for name in REPLICATORS if not name.startswith("tpu"))
 

@@ -16,9 +16,16 @@ A concrete function made outside the step holds the copies it was traced with
 and cannot be retraced (it keeps no Python function): calling it in a step
 that would give it another replica's copies is an error.
 
+The strategy engine's replicas are traced by `tf.distribute`: on a TPU once
+for all, where nothing of this is needed; on its stand-in and in its traces
+outside `strategy.run`, each apart, where the same holds
+(`StrategyReplica.inline_functions`).
+
 Both replace a `__call__` of TensorFlow's, only while a step is traced
 (`patches.registry`).
 """
+
+import threading
 
 from tensorflow.python.autograph.core import converter
 from tensorflow.python.autograph.impl import api as autograph_api
@@ -31,12 +38,17 @@ def calls_per_replica(original_call):
   """`tf.function`'s `__call__`, which in a replica's trace calls as above."""
   def call(function, *args, **kwargs):
     replica = replica_context.current()
-    if replica is None or function._run_functions_eagerly:  # pylint: disable=protected-access
+    if replica is not None:
+      copies, key = replica.group.function_copies, (id(function), replica.index)
+    else:  # the strategy engine's replicas, where each is traced apart
+      strategy = replica_context.strategy_replica()
+      if strategy is None or not strategy.inline_functions:
+        return original_call(function, *args, **kwargs)
+      copies, key = strategy.function_copies, (id(function), threading.get_ident())
+    if function._run_functions_eagerly:  # pylint: disable=protected-access
       return original_call(function, *args, **kwargs)
     # pylint: disable-next=protected-access
     if function._jit_compile or function._attributes or function.input_signature:
-      copies = replica.group.function_copies
-      key = (id(function), replica.index)
       if key not in copies:  # the function is kept alive with its copy
         copies[key] = (function, function._clone(None))  # pylint: disable=protected-access
       return original_call(copies[key][1], *args, **kwargs)

@@ -28,11 +28,17 @@ class StrategyReplica:
       or to compile it with XLA on a stand-in): each collective gives a
       tensor of the shape and dtype it gives in the step, from this
       replica's values alone.
+    inline_functions: each replica is traced apart (a stand-in's threads, or
+      alone), so a tf.function that step_fn calls is traced inline in each
+      (`patches.nested_functions`) rather than keep the first one's trace.
   """
 
-  def __init__(self, num_replicas: int, alone: bool = False):
+  def __init__(self, num_replicas: int, alone: bool = False,
+               inline_functions: bool = False):
     self.num_replicas = num_replicas
     self.alone = alone
+    self.inline_functions = inline_functions or alone
+    self.function_copies = {}  # see `patches.nested_functions`
 
   def replica_id(self) -> tf.Tensor:
     if self.alone:
@@ -53,7 +59,8 @@ class StrategyReplica:
             and x.dtype.size > travel.size else x for x in flat]
     tf_op = (tf.distribute.ReduceOp.MEAN if op is ReduceOp.MEAN
              else tf.distribute.ReduceOp.SUM)
-    reduced = tf.distribute.get_replica_context().all_reduce(tf_op, sent)
+    reduced = _by_dtype(sent, lambda group: tf.distribute.get_replica_context(
+        ).all_reduce(tf_op, group))
     return [tf.cast(r, x.dtype) for r, x in zip(reduced, flat)]
 
   def all_gather(self, flat: List[tf.Tensor], axis: int) -> List[tf.Tensor]:
@@ -71,12 +78,32 @@ class StrategyReplica:
     is_source = tf.equal(self.replica_id(), source_replica)
     sent = [_numeric(x) for x in flat]
     sent = [tf.where(is_source, x, tf.zeros_like(x)) for x in sent]
-    summed = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, sent)
+    summed = _by_dtype(sent, lambda group: tf.distribute.get_replica_context(
+    ).all_reduce(tf.distribute.ReduceOp.SUM, group))
     return [_restore(s, x) for s, x in zip(summed, flat)]
 
   def _gather(self, flat, axis):
-    return tf.distribute.get_replica_context().all_gather(flat, axis)
+    context = tf.distribute.get_replica_context()
+    try:
+      return _by_dtype(flat, lambda group: context.all_gather(group, axis))
+    except RuntimeError as error:
+      if "merge_call" not in str(error):
+        raise
+    # A strategy whose gather is a merge_call (MirroredStrategy, the stand-in),
+    # inside a tf.function of step_fn: each replica's rows at their place among
+    # zeros, summed (static shapes, as on a TPU).
+    replica_id = self.replica_id()
+    gathered = []
+    for x in flat:
+      rank = x.shape.rank
+      axis_ = axis % rank
+      size = x.shape[axis_]
+      before = replica_id * size
+      paddings = [[0, 0]] * rank
+      paddings[axis_] = [before, (self.num_replicas - 1) * size - before]
+      gathered.append(tf.pad(x, paddings))
+    return _by_dtype(gathered, lambda group: context.all_reduce(
+        tf.distribute.ReduceOp.SUM, group))
 
 
 def _numeric(x: tf.Tensor) -> tf.Tensor:
@@ -86,3 +113,16 @@ def _numeric(x: tf.Tensor) -> tf.Tensor:
 
 def _restore(value: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
   return tf.cast(value, tf.bool) if like.dtype == tf.bool else value
+
+
+def _by_dtype(flat, reduce):
+  """`reduce` of each dtype's tensors, in `flat`'s order: tf.distribute packs
+  the tensors of one call together, which takes a single dtype."""
+  groups = {}
+  for index, x in enumerate(flat):
+    groups.setdefault(x.dtype, []).append(index)
+  results = [None] * len(flat)
+  for indices in groups.values():
+    for index, value in zip(indices, reduce([flat[i] for i in indices])):
+      results[index] = value
+  return results

@@ -12,7 +12,7 @@ step returned travels out of the loop as plain tensors, one per replica
 """
 
 import contextlib
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 from tensorflow.python.framework import func_graph as func_graph_lib
@@ -137,8 +137,13 @@ class StrategyStep:
     structure, specs = self._traced[signature]
     del structure
     kept = [spec for spec in specs if spec is not None]
-    replica = collectives.StrategyReplica(self._num_replicas)
+    # The stand-in traces each replica in a thread of its own, where a
+    # tf.function that step_fn calls would keep the first replica's trace (its
+    # replica id, its tensors); a TPU traces the replicas once.
+    replica = collectives.StrategyReplica(self._num_replicas,
+                                          inline_functions=self._compile_check)
     strategy = self._strategy
+
 
     def replica_step(*batch):
       with replica_context.entered_strategy_replica(replica), \

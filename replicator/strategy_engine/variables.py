@@ -31,7 +31,7 @@ from replicator.engine import variables as in_graph_variables
 _Aggregation = tf.VariableAggregation
 _ON_READ = tf.VariableSynchronization.ON_READ
 _SPARSE = ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
-           "scatter_min", "scatter_max", "scatter_update", "batch_scatter_update",
+           "scatter_min", "scatter_max", "scatter_update",
            "scatter_nd_update", "scatter_nd_add", "scatter_nd_sub")
 
 
@@ -81,24 +81,56 @@ class _MergedWrites:
 _OPTIONS = reduce_options.AllReduceOptions()
 
 
-def _refuse_sparse(method):
+def _sparse_write(method: str):
+  """`method` (a scatter), merged as the in-graph engine merges it: every
+  replica applies the rows of all replicas, in replica order (replica 0's
+  alone for integer and ONLY_FIRST_REPLICA variables); additive rows of a
+  MEAN variable are divided by the replica count. Written as a dense update
+  of the copy (replica-local variables take no scatter)."""
+  nd = method.startswith("scatter_nd")
+
   def write(self, *args, **kwargs):
+    del kwargs  # use_locking, name
+    if nd:
+      indices, rows, dense_shape = args[0], args[1], None
+    else:
+      delta = args[0]
+      if not isinstance(delta, tf.IndexedSlices):
+        raise TypeError(
+            f"sparse_delta: {method} of {self.name!r} expects a tf.IndexedSlices, "
+            f"got {type(delta).__name__}.")
+      indices, rows, dense_shape = delta.indices, delta.values, delta.dense_shape
+    indices = tf.convert_to_tensor(indices)
+    rows = tf.convert_to_tensor(rows, self.dtype)
     replica = replica_context.strategy_replica()
     if (replica is not None and not replica_context.local_writes()
         and replica.num_replicas > 1):
-      raise NotImplementedError(
-          f"{method}: step_fn writes rows of variable {self.name!r} "
-          f"({method}) outside the optimizer; on TpuReplicator such a write "
-          "is not merged over the replicas, so their copies would differ. "
-          "Write the whole variable (assign, assign_add), which is merged, or "
-          "run the step on MultiGpuReplicator.")
-    return getattr(super(_MergedWrites, self), method)(*args, **kwargs)
+      op = self._replicator_reduce_op
+      if op is None:
+        indices, rows = replica.broadcast([indices, rows], 0)
+      else:
+        indices, rows = replica.all_gather([indices, rows], 0)
+        if op is reduce_options.ReduceOp.MEAN and method in _ADDITIVE:
+          rows = rows / tf.cast(replica.num_replicas, rows.dtype)
+    if not nd:
+      indices = tf.expand_dims(indices, -1)
+    del dense_shape
+    old = self.read_value()
+    kind = method.split("_")[-1]
+    if kind in ("mul", "div"):
+      current = tf.gather_nd(old, indices)
+      rows = current * rows if kind == "mul" else current / rows
+      kind = "update"
+    new = getattr(tf, f"tensor_scatter_nd_{kind}")(old, indices, rows)
+    return super(_MergedWrites, self).assign(new)
+
   write.__name__ = method
   return write
 
 
+_ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
 for _method in _SPARSE:
-  setattr(_MergedWrites, _method, _refuse_sparse(_method))
+  setattr(_MergedWrites, _method, _sparse_write(_method))
 
 _classes = {}
 
