@@ -86,6 +86,17 @@ def replicas_in_step() -> Optional[int]:
   return None if replica is None else replica.num_replicas
 
 
+def static_replica_id() -> Optional[int]:
+  """The global id of the replica traced on this thread, where the trace is
+  that replica's alone; None outside a step, or where one trace serves every
+  replica (a TPU's)."""
+  replica = current()
+  if replica is not None:
+    return replica.replica_id
+  replica = strategy_replica()
+  return None if replica is None else replica.static_replica_id()
+
+
 def local_writes() -> bool:
   """True while updates go straight to this replica's copy (no aggregation)."""
   return getattr(_local, "local_writes", False)

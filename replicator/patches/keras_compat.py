@@ -42,9 +42,17 @@ def fold_replica_into_seed(draw_seed):
   def replica_draw_seed(seed):
     value = draw_seed(seed)
     replica = replica_context.current()
-    if replica is None or not replica.replica_id:
+    if replica is not None:
+      if not replica.replica_id:
+        return value
+      return value + tf.constant([randomness.fold(replica.replica_id), 0], value.dtype)
+    strategy = replica_context.strategy_replica()
+    if strategy is None:
       return value
-    return value + tf.constant([randomness.fold(replica.replica_id), 0], value.dtype)
+    # One trace may serve every replica (a TPU's): the offset is computed when
+    # the step runs, as `randomness.fold` computes it (0 on replica 0).
+    offset = (tf.cast(strategy.replica_id(), tf.int64) * randomness.GOLDEN) % (2**31 - 1)
+    return value + tf.stack([tf.cast(offset, value.dtype), tf.zeros([], value.dtype)])
   return replica_draw_seed
 
 
@@ -53,7 +61,9 @@ def delegate_to_replicated(method: str):
   def make(original):
     def update(self, value):
       inner = getattr(self, "_value", None)
-      if isinstance(inner, variables.ReplicatedVariable) and replica_context.current():
+      if ((isinstance(inner, variables.ReplicatedVariable) and replica_context.current())
+          or (hasattr(inner, "_replicator_reduce_op")  # the strategy engine's
+              and replica_context.strategy_replica() is not None)):
         return getattr(inner, method)(tf.cast(value, inner.dtype))
       return original(self, value)
     update.__name__ = method
@@ -64,7 +74,7 @@ def delegate_to_replicated(method: str):
 def sum_over_replicas(compute_moments_sync):
   """Keras' synchronized moments, summed over this step's replicas (fix 3)."""
   def moments_over_replicas(x, axes, keepdims):
-    if replica_context.current() is None:
+    if replica_context.replicas_in_step() is None:
       return compute_moments_sync(x, axes, keepdims)
     # As Keras computes them, with our all-reduce for the replica context's.
     total, squares, count = in_step.all_reduce(

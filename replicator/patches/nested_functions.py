@@ -74,16 +74,20 @@ def concrete_calls_checked(original_call):
   """
   def call(function, *args, **kwargs):
     replica = replica_context.current()
-    if replica is not None:
+    strategy = replica_context.strategy_replica() if replica is None else None
+    if replica is not None or strategy is not None:
+      # On the strategy engine, one trace may serve every replica (a TPU's).
+      this = replica.index if replica is not None else strategy.static_replica_id()
       for variable in function.variables:
         index = registry.copy_index(variable)
-        if index is not None and index != replica.index:
+        if index is not None and index != this:
           name = function.name
           name = name.decode() if isinstance(name, bytes) else name
+          on = f"on replica {this}" if this is not None else "in a step"
           raise ValueError(
               f"step_fn called the concrete function {name!r}, which was "
               f"traced with replica {index}'s copy of variable {variable.name!r}, "
-              f"on replica {replica.index}: a concrete function made outside the "
+              f"{on}: a concrete function made outside the "
               "step (get_concrete_function) keeps the copies it was traced with. "
               "Call the tf.function itself inside step_fn.")
     return original_call(function, *args, **kwargs)

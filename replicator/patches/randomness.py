@@ -20,21 +20,21 @@ from replicator.collectives import replica_context
 from replicator.engine import registry
 from replicator.engine import variables
 
-_GOLDEN = 0x9E3779B1
+GOLDEN = 0x9E3779B1
 
 
 def fold(replica_id: int) -> int:
   """The seed offset of replica `replica_id` (0 for replica 0)."""
-  return (_GOLDEN * replica_id) % (2**31 - 1)
+  return (GOLDEN * replica_id) % (2**31 - 1)
 
 
 def seed_per_replica(get_seed):
   """TensorFlow's `get_seed`, with the replica folded into a step's op seeds."""
   def get_seed_per_replica(op_seed):
     graph_seed, op_seed = get_seed(op_seed)
-    replica = replica_context.current()
-    if replica is not None and op_seed is not None and replica.replica_id:
-      op_seed = (op_seed + fold(replica.replica_id)) % (2**31 - 1)
+    replica_id = replica_context.static_replica_id()
+    if replica_id and op_seed is not None:
+      op_seed = (op_seed + fold(replica_id)) % (2**31 - 1)
     return graph_seed, op_seed
   return get_seed_per_replica
 
@@ -49,6 +49,17 @@ def key_per_replica(preprocess_key):
   (replica 0 those of a plain generator).
   """
   def preprocess_key_per_replica(generator, key):
+    strategy = replica_context.strategy_replica()
+    if (strategy is not None
+        and getattr(generator, "_distribution_strategy", None) is not None):
+      # tf.distribute hashes every replica's id into the key; as below, replica
+      # 0 keeps it (and draws what one device would). On a TPU one trace serves
+      # every replica: the choice is made when the step runs.
+      replica_id = strategy.replica_id()
+      counter = tf.cast(tf.stack([replica_id, 0]), tf.uint64)
+      hashed = tf.raw_ops.StatelessRandomUniformFullIntV2(
+          shape=[1], key=key, counter=counter, dtype=tf.uint64, alg=generator.algorithm)
+      return tf.where(tf.equal(replica_id, 0), key, hashed)
     key = preprocess_key(generator, key)
     replica = replica_context.current()
     if (replica is None or not replica.replica_id or

@@ -46,6 +46,16 @@ class StrategyReplica:
     replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
     return tf.cast(replica_id, tf.int32, name="replica_id")
 
+  def static_replica_id(self):
+    """This replica's id as a Python int where the trace is one replica's (the
+    stand-in's threads, a trace alone); None on a TPU, which traces every
+    replica at once."""
+    if self.alone:
+      return 0
+    replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
+    value = tf.get_static_value(replica_id)
+    return None if value is None else int(value)
+
   def all_reduce(self, flat: List[tf.Tensor], op: ReduceOp,
                  options: reduce_options.AllReduceOptions) -> List[tf.Tensor]:
     if self.alone or self.num_replicas == 1:

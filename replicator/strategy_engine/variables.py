@@ -21,11 +21,13 @@ from typing import List, Optional
 
 import tensorflow as tf
 from tensorflow.python.eager import lift_to_graph
+from tensorflow.python.ops import tensor_getitem_override
 from tensorflow.python.trackable import base as trackable
 
 from replicator.collectives import reduce_options
 from replicator.collectives import replica_context
 from replicator.engine import creation
+from replicator.engine import registry
 from replicator.engine import variables as in_graph_variables
 
 _Aggregation = tf.VariableAggregation
@@ -63,6 +65,24 @@ class _MergedWrites:
   def assign_sub(self, delta, use_locking=False, name=None, read_value=True):
     return super().assign_sub(self._merged("assign_sub", delta), use_locking, name,
                               read_value)
+
+  def __getitem__(self, slice_spec):
+    # As tf.Variable's: a slice whose assign is this variable's (merged), not
+    # the first copy's.
+    return tensor_getitem_override._slice_helper_var(self, slice_spec)  # pylint: disable=protected-access
+
+  def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
+                            end_mask, ellipsis_mask, new_axis_mask,
+                            shrink_axis_mask):
+    """`var[...].assign(value)`: the slice's value is merged as `assign`'s."""
+    del name
+    # Written densely: replica-local variables take no slice assignment.
+    new = tf.raw_ops.TensorStridedSliceUpdate(
+        input=self.read_value(), begin=begin, end=end, strides=strides,
+        value=tf.convert_to_tensor(self._merged("slice", value), self.dtype),
+        begin_mask=begin_mask, end_mask=end_mask, ellipsis_mask=ellipsis_mask,
+        new_axis_mask=new_axis_mask, shrink_axis_mask=shrink_axis_mask)
+    return super().assign(new)
 
   def _merged(self, method, value):
     replica = replica_context.strategy_replica()
@@ -141,6 +161,8 @@ def _merging(variable, aggregation, synchronization):
   if cls not in _classes:
     _classes[cls] = type(cls.__name__, (_MergedWrites, cls), {})
   variable.__class__ = _classes[cls]
+  for index, copy in enumerate(variable.values):  # (patches.nested_functions)
+    registry.register_copy(copy, index, variable)
   variable._replicator_aggregation = aggregation  # pylint: disable=protected-access
   reduce_op = in_graph_variables.reduce_op_of(aggregation, variable.dtype)
   variable._replicator_reduce_op = reduce_op  # pylint: disable=protected-access
