@@ -1,6 +1,7 @@
 """The replicators and small models that every property is tested over."""
 
 import glob
+import os
 
 import numpy as np
 import sonnet as snt
@@ -20,8 +21,14 @@ REPLICATORS = {
         num_tpu_cores_per_worker=2, emulate_on_cpu=True), 2),
     # The engine TpuReplicator() runs on a TPU, on a stand-in strategy.
     "tpu_engine_2": (lambda: testing.tpu_engine_on_cpus(2), 2),
-    "tpu_engine_8": (lambda: testing.tpu_engine_on_cpus(8), 8),
 }
+# The same at 8 replicas (a TPU host's cores): every catalogue test where
+# REPLICATOR_EIGHT_REPLICAS=1 is set (about 10 minutes on 2 cores); otherwise
+# tests/strategy_engine/test_eight_replicas.py runs the central ones.
+EIGHT = "tpu_engine_8"
+if os.environ.get("REPLICATOR_EIGHT_REPLICAS") == "1":
+  REPLICATORS[EIGHT] = (lambda: testing.tpu_engine_on_cpus(8), 8)
+EIGHT_REPLICATORS = {EIGHT: (lambda: testing.tpu_engine_on_cpus(8), 8)}
 MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
 
 
@@ -34,7 +41,7 @@ NOT_XLA = sorted(name for name in REPLICATORS if not name.startswith("tpu"))
 
 
 def make(name):
-  return REPLICATORS[name][0]()
+  return {**REPLICATORS, **EIGHT_REPLICATORS}[name][0]()
 
 
 def summary_events(logdir, tag):

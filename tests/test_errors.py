@@ -339,7 +339,7 @@ def test_collective_inside_a_tensor_conditional():
     ("all_min", lambda: {"a": tf.constant(1.0), "b": tf.complex(1.0, 2.0)},
      r"all_min: complex64 values have no order"),
 ])
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "tpu_engine_2"])
 def test_values_a_collective_cannot_reduce(name, method, value, match):
   repl = catalogue.make(name)
   with pytest.raises(TypeError, match=match):

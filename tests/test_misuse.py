@@ -24,7 +24,7 @@ def _variable_and_optimizer(repl, kind):
   return w, optimizer
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "tpu_engine_2"])
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("in_step", [True, False])
 def test_apply_with_every_gradient_none_raises(name, kind, in_step):

@@ -9,7 +9,7 @@ import tensorflow as tf
 import catalogue
 import replicator
 
-NAMES = ["gpu", "multi_gpu_4", "tpu_emulated_2"]
+NAMES = ["gpu", "multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"]
 
 
 def _quadratic_setup(repl, make_optimizer, **wrap_kwargs):
@@ -114,7 +114,7 @@ def test_accumulate_steps_applies_the_mean_every_kth_step(name, make_optimizer):
   np.testing.assert_allclose(w.numpy(), oracle_w.numpy(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "tpu_engine_2"])
 @pytest.mark.parametrize("make_optimizer", [lambda: snt.optimizers.SGD(1.0),
                                             lambda: snt.optimizers.Adam(1.0),
                                             lambda: keras.optimizers.Adam(1.0),
@@ -243,7 +243,7 @@ def test_a_reduction_that_is_not_replicators_names_the_enum_to_pass(reduction):
     repl.wrap_optimizer(snt.optimizers.SGD(0.1), gradient_reduction=reduction)
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4", "tpu_engine_2"])
 @pytest.mark.parametrize("dtype,atol", [(tf.float64, 1e-7), (tf.bfloat16, 4e-3)],
                          ids=["float64", "bfloat16"])
 def test_clipping_gradients_of_mixed_float_dtypes(name, dtype, atol):
@@ -286,7 +286,7 @@ def test_clipping_gradients_of_mixed_float_dtypes(name, dtype, atol):
   assert np.all(np.float64(v.numpy()) < 0.99)  # trained
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4", "tpu_engine_2"])
 @pytest.mark.parametrize("make_optimizer", [lambda: snt.optimizers.Adam(0.1),
                                             lambda: keras.optimizers.Adam(0.1)],
                          ids=["sonnet", "keras"])

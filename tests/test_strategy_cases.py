@@ -99,8 +99,9 @@ def test_all_reduce_of_values_from_the_input(name, in_function):
   n = repl.num_replicas
   rng = np.random.RandomState(7)
   values = {
-      "scalar": np.array([1.0, 3.0, -2.5, 8.0][:n], np.float32),
-      "vector": np.array([[39.0, 2.0], [3.0, 41.0], [-7.0, 0.5], [11.0, -6.0]][:n],
+      "scalar": np.array([1.0, 3.0, -2.5, 8.0, 5.5, -4.0, 2.25, 6.5][:n], np.float32),
+      "vector": np.array([[39.0, 2.0], [3.0, 41.0], [-7.0, 0.5], [11.0, -6.0],
+                          [5.0, 9.5], [-3.0, 17.0], [21.0, -1.5], [0.25, 4.0]][:n],
                          np.float32),
       "matrix": rng.randn(n, 3, 2).astype(np.float32),
       "int": rng.randint(-50, 50, [n, 4]).astype(np.int32),
@@ -157,8 +158,9 @@ def test_gradients_of_collectives_sum_the_upstream_gradients(name, how, in_funct
   repl = catalogue.make(name)
   n = repl.num_replicas
   rng = np.random.RandomState(11)
-  c = np.array([1.0, 3.0, -2.0, 0.5][:n], np.float32)
-  x = np.array([42.0, 40.0, 45.0, 41.0][:n], np.float32)  # distinct: max, min unique
+  c = np.array([1.0, 3.0, -2.0, 0.5, 1.5, -0.75, 2.5, -1.25][:n], np.float32)
+  # distinct: max, min unique
+  x = np.array([42.0, 40.0, 45.0, 41.0, 43.5, 39.0, 44.0, 40.5][:n], np.float32)
   vectors = rng.randn(n, 2, 3).astype(np.float32)
   weights = {0: rng.randn(n, 2 * n, 3).astype(np.float32),
              1: rng.randn(n, 2, 3 * n).astype(np.float32)}

@@ -62,15 +62,16 @@ class StrategyReplica:
       return [tf.identity(x) for x in flat]
     if op in (ReduceOp.MAX, ReduceOp.MIN):
       reduce = tf.reduce_max if op is ReduceOp.MAX else tf.reduce_min
-      every = self._gather([tf.expand_dims(_numeric(x), 0) for x in flat], 0)
+      every = self._gather(_own([tf.expand_dims(_numeric(x), 0) for x in flat]), 0)
       return [_restore(reduce(e, axis=0), x) for e, x in zip(every, flat)]
     travel = options.compression.value
     sent = [tf.cast(x, travel) if travel is not None and x.dtype.is_floating
             and x.dtype.size > travel.size else x for x in flat]
     tf_op = (tf.distribute.ReduceOp.MEAN if op is ReduceOp.MEAN
              else tf.distribute.ReduceOp.SUM)
-    reduced = _by_dtype(sent, lambda group: tf.distribute.get_replica_context(
-        ).all_reduce(tf_op, group))
+    reduced = _without_complex(_own(sent), lambda parts: _by_dtype(
+        parts, lambda group: tf.distribute.get_replica_context().all_reduce(
+            tf_op, group)))
     return [tf.cast(r, x.dtype) for r, x in zip(reduced, flat)]
 
   def all_gather(self, flat: List[tf.Tensor], axis: int) -> List[tf.Tensor]:
@@ -79,7 +80,8 @@ class StrategyReplica:
       return [tf.concat([part] * self.num_replicas, axis) for part in parts]
     if self.num_replicas == 1:
       return [tf.identity(part) for part in parts]
-    gathered = self._gather([_numeric(p) for p in parts], axis)
+    gathered = _without_complex([_numeric(p) for p in parts],
+                                lambda real: self._gather(_own(real), axis))
     return [_restore(g, p) for g, p in zip(gathered, parts)]
 
   def broadcast(self, flat: List[tf.Tensor], source_replica: int) -> List[tf.Tensor]:
@@ -88,8 +90,9 @@ class StrategyReplica:
     is_source = tf.equal(self.replica_id(), source_replica)
     sent = [_numeric(x) for x in flat]
     sent = [tf.where(is_source, x, tf.zeros_like(x)) for x in sent]
-    summed = _by_dtype(sent, lambda group: tf.distribute.get_replica_context(
-    ).all_reduce(tf.distribute.ReduceOp.SUM, group))
+    summed = _without_complex(sent, lambda parts: _by_dtype(
+        parts, lambda group: tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, group)))
     return [_restore(s, x) for s, x in zip(summed, flat)]
 
   def _gather(self, flat, axis):
@@ -123,6 +126,28 @@ def _numeric(x: tf.Tensor) -> tf.Tensor:
 
 def _restore(value: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
   return tf.cast(value, tf.bool) if like.dtype == tf.bool else value
+
+
+def _own(flat):
+  """This replica's tensors: a value every replica shares (a tensor made
+  outside the step) would be taken by tf.distribute as already reduced."""
+  return [tf.identity(x) for x in flat]
+
+
+def _without_complex(flat, reduce):
+  """`reduce(flat)`, complex tensors reduced as their real and imaginary parts
+  (tf.distribute's collectives take real numbers)."""
+  parts, kinds = [], []
+  for x in flat:
+    if x.dtype.is_complex:
+      parts += [tf.math.real(x), tf.math.imag(x)]
+      kinds.append(True)
+    else:
+      parts.append(x)
+      kinds.append(False)
+  reduced = iter(reduce(parts))
+  return [tf.complex(next(reduced), next(reduced)) if complex_ else next(reduced)
+          for complex_ in kinds]
 
 
 def _by_dtype(flat, reduce):

@@ -51,6 +51,12 @@ class StrategyEngine:
     # (tf.distribute would give the replicas left over empty batches).
     local = len(self.strategy.extended.worker_devices)
     grouped = dataset.batch(local, drop_remainder=True).unbatch()
+    if self._compile_check:
+      # The stand-in's iterators, when deleted, wait for tf.data's autotuning
+      # thread to wake up: tens of seconds for an input that lived a while.
+      options = tf.data.Options()
+      options.autotune.enabled = False
+      grouped = grouped.with_options(options)
     return iter(self.strategy.distribute_datasets_from_function(
         lambda unused_context: grouped))
 

@@ -17,6 +17,7 @@ model.
 """
 
 import contextlib
+import threading
 from typing import List, Optional
 
 import tensorflow as tf
@@ -31,6 +32,7 @@ from replicator.engine import registry
 from replicator.engine import variables as in_graph_variables
 
 _Aggregation = tf.VariableAggregation
+_local = threading.local()
 _ON_READ = tf.VariableSynchronization.ON_READ
 _SPARSE = ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
            "scatter_min", "scatter_max", "scatter_update",
@@ -180,6 +182,15 @@ class VariableCreator:
     self._lifting: Optional[list] = None  # (variable, initial value, its ops)
 
   def __call__(self, next_creator, **kwargs):
+    if getattr(_local, "creating", False):  # scopes nested: make it once
+      return next_creator(**kwargs)
+    _local.creating = True
+    try:
+      return self._create(next_creator, **kwargs)
+    finally:
+      _local.creating = False
+
+  def _create(self, next_creator, **kwargs):
     aggregation = kwargs.get("aggregation") or _Aggregation.NONE
     synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
     # The copies stay identical, so the first replica's copy is the value.
@@ -204,8 +215,7 @@ class VariableCreator:
       if not tf.is_symbolic_tensor(initial_value):
         kwargs["initial_value"] = initial_value
         return next_creator(**kwargs)
-    shape = kwargs.get("shape")
-    shape = initial_value.shape if shape is None else tf.TensorShape(shape)
+    shape = initial_value.shape  # (the variable's own may be less specific)
     ops = creation.subgraph(initial_value)
     if ops is None:
       raise ValueError(
@@ -216,9 +226,10 @@ class VariableCreator:
           "placeholder value and assign the data's value in the step.")
     if not shape.is_fully_defined():
       raise ValueError(
-          f"step_fn creates {creation.describe(kwargs)} of shape {shape}, not "
-          "fully known when the step is traced; give it a static shape or create "
-          "it inside `with repl.context():` before run.")
+          f"step_fn creates {creation.describe(kwargs)} from a value of shape "
+          f"{shape}, not fully known when the step is traced; give its initial "
+          "value a static shape or create it inside `with repl.context():` "
+          "before run.")
     with tf.init_scope():
       kwargs["initial_value"] = tf.zeros(shape, initial_value.dtype)
       kwargs["dtype"] = initial_value.dtype

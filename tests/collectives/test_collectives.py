@@ -39,7 +39,7 @@ def run_collective(repl, fn):
   return tf.nest.map_structure(lambda t: t.numpy(), repl.run(step_fn))
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4", "tpu_engine_2"])
 @pytest.mark.parametrize("op", list(replicator.ReduceOp))
 def test_all_reduce_matches_numpy(name, op):
   repl = catalogue.make(name)
@@ -61,7 +61,7 @@ def test_all_reduce_matches_numpy(name, op):
       np.testing.assert_allclose(got[r], want, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4", "tpu_engine_2"])
 def test_all_gather_and_broadcast_match_numpy(name):
   repl = catalogue.make(name)
   n = repl.num_replicas
@@ -437,7 +437,7 @@ def test_sum_in_float32_without_compression_is_an_error():
     replicator.AllReduceOptions(sum_in_float32=True)
 
 
-@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_emulated_2"])
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"])
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "gather", "broadcast"])
 @pytest.mark.parametrize("how", ["GradientTape", "tf.gradients"])
 def test_gradients_flow_through_collectives_as_on_one_device(name, kind, how):
@@ -485,7 +485,7 @@ def test_gradients_flow_through_collectives_as_on_one_device(name, kind, how):
     np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4", "tpu_emulated_2"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"])
 def test_scalars_and_booleans(name):
   """all_gather of scalars is a vector; all_max / all_min of booleans are any / all."""
   repl = catalogue.make(name)
@@ -519,7 +519,7 @@ def test_scalars_and_booleans(name):
     repl.run(lambda: repl.all_gather(tf.constant(1.0), axis=1))
 
 
-@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4"])
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_engine_2"])
 @pytest.mark.parametrize("kind", ["max", "min"])
 def test_replicas_that_tie_share_the_gradient_of_all_max_and_all_min(name, kind):
   """As tf.reduce_max over the stacked values: the tied replicas split the

@@ -33,9 +33,9 @@ def _update(name, metric, x, labels, probabilities):
 @pytest.mark.parametrize("replicator_name", sorted(catalogue.REPLICATORS))
 def test_keras_metrics_updated_in_a_step_equal_one_device_on_all_the_data(replicator_name):
   rng = np.random.RandomState(0)
-  x = rng.randn(96).astype(np.float32)
-  labels = rng.randint(0, 3, 96).astype(np.int32)
-  probabilities = rng.dirichlet(np.ones(3), 96).astype(np.float32)
+  x = rng.randn(192).astype(np.float32)  # whole steps for 1 to 8 replicas
+  labels = rng.randint(0, 3, 192).astype(np.int32)
+  probabilities = rng.dirichlet(np.ones(3), 192).astype(np.float32)
   repl = catalogue.make(replicator_name)
   with repl.context():
     metrics = {name: make() for name, make in METRICS.items()}
@@ -80,7 +80,8 @@ def test_a_sum_aggregated_keras_weight_adds_every_replicas_change(replicator_nam
     counter = Counter()
 
   def input_fn(ctx):
-    return tf.data.Dataset.from_tensor_slices(tf.zeros([64, 2])).batch(4, drop_remainder=True)
+    return tf.data.Dataset.from_tensor_slices(
+        tf.zeros([16 * repl.num_replicas, 2])).batch(4, drop_remainder=True)
 
   repl.run(counter, input_fn, steps=3)
   for copy in counter.seen.value.replicas:

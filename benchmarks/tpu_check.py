@@ -1,0 +1,576 @@
+"""On a TPU: `TpuReplicator` (the strategy engine) against one-device oracles.
+
+    python -m benchmarks.tpu_check [--tpu NAME] [--json FILE] [--stand_in N]
+
+With no flag it builds `replicator.TpuReplicator(tpu=NAME)` (NAME as
+`TpuReplicator` takes it: None tries `TPU_NAME`, `COLAB_TPU_ADDR`, then
+'local', a TPU VM) and runs every check on it. `--stand_in N` runs the same
+checks on `replicator.testing.tpu_engine_on_cpus(N)`, the same engine on a
+stand-in strategy over N logical CPUs, so that the script runs without a TPU
+(the test suite runs it so, `tests/test_tpu_check.py`). One replicator serves
+every check: making a second would initialize the TPU again, which clears its
+memory.
+
+Each check trains or computes on the TPU replicator and compares with an oracle:
+`replicator.GpuReplicator(device="/cpu:0")` given the whole global batch, plain
+`snt.BatchNorm` on the CPU, or NumPy. It prints `PASS name: largest error ...`
+or `FAIL name: ...`; a check that raises prints FAIL with the error (and its
+traceback) and the others still run. The last line is `N/M checks passed`; the
+exit code is 0 iff all passed. `--json FILE` writes every result, the
+replicator, the machine and the precision.
+
+Precision and tolerance. A TPU multiplies float32 matrices with bfloat16 passes
+by default (relative error about 1e-3). The script turns TensorFloat-32
+execution off before the replicator is made
+(`tf.config.experimental.enable_tensor_float_32_execution(False)`), which makes
+TensorFlow's XLA bridge ask for precision 'highest' (float32) in every matmul
+and convolution; the header line says so. The tolerance is then 1e-5 relative
+(of a variable: the largest difference over the largest magnitude of the
+oracle's value), on a TPU as on the stand-in. In float32, three steps of these
+small models differ from the CPU only by other summation orders and other
+exp/log/rsqrt roundings (about 1e-7 on the stand-in; a TPU at 'highest' is
+expected within a few times that), while every bug these checks look for is
+far larger (a gradient reduced twice is off by the replica count; statistics
+of the replica's own batch instead of the global one, by the spread of the
+data). A result above 1e-5 fails. On a TPU, one at most 1e-2 (the size of
+bfloat16 passes) fails with a NOTE in its line saying so: most likely the
+matmuls did not run at 'highest' precision (a TensorFlow build or flag that
+ignores the setting), which the numbers alone cannot tell from a small library
+error, so it is not passed quietly. Integer results (counters, step counts,
+maxima, gathers and broadcasts) and checkpoint round trips must be exact.
+
+Checks (global batch: 8 examples per replica):
+  sonnet_adam: a `snt.nets.MLP` built lazily in the first step (its variables
+    made on the TPU replicator's first trace; only the optimizer is made in
+    `repl.context()`), Sonnet Adam through `repl.wrap_optimizer`, 3 steps (a
+    call of 1 step, then one of `steps=2`) on per-replica batches of
+    `ctx.per_replica_batch_size(global)`, against the oracle on the global
+    batch: every variable and the last loss (`all_mean`).
+  keras_sgd: the same with `keras.optimizers.SGD(momentum=0.9)`: gradients
+    averaged once (a second reduction, as Keras does under a `tf.distribute`
+    strategy, makes the update the replica count times the oracle's; the
+    detail gives that ratio).
+  cross_replica_batch_norm: `replicator.nn.CrossReplicaBatchNorm` in training
+    mode on images whose statistics differ between replicas, 3 steps, against
+    `snt.BatchNorm` on the global batch on the CPU: the last step's outputs,
+    the moving mean and the moving variance.
+  collectives: `all_sum`, `all_mean`, `all_max`, `all_min` (booleans too),
+    `all_gather`, `broadcast` (from the last replica) and `replica_id` on
+    nests, inside one step, against NumPy, on every replica.
+  input_exhausted: an input of 2 steps run with `steps=5` raises
+    `replicator.InputExhausted` with `steps_completed == 2`, the last step's
+    outputs, and a counter the step advanced once per step.
+  checkpoint_roundtrip: 2 steps on the TPU replicator, `Checkpointer.save(2)`,
+    `restore_latest()` into a model and optimizer of a `GpuReplicator` (made
+    lazily after the restore): the variables equal bit for bit, Adam's step
+    count too; then one more step on each side agrees (the optimizer's slots
+    came back).
+  replicas_in_sync: 2 steps of a model with `CrossReplicaBatchNorm`, a float
+    variable each replica writes from its own batch, and Adam, then
+    `repl.assert_replicas_in_sync` over every variable (the model's, the
+    optimizer's slots and step); the detail gives the largest difference
+    between any two replicas' copies.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks import common
+
+TOLERANCE = 1e-5  # relative, float32 (see the docstring)
+BFLOAT16_PASSES = 1e-2  # errors up to this on a TPU: most likely matmul precision
+PER_REPLICA_BATCH = 8
+FEATURES = 12
+CLASSES = 5
+CHECKS = ("sonnet_adam", "keras_sgd", "cross_replica_batch_norm", "collectives",
+          "input_exhausted", "checkpoint_roundtrip", "replicas_in_sync")
+
+
+class Setting:
+  """What every check runs on: the TPU replicator and how to judge errors."""
+
+  def __init__(self, repl, on_tpu: bool, workdir):
+    self.repl = repl
+    self.on_tpu = on_tpu
+    self.workdir = workdir
+    self.num_replicas = repl.num_replicas
+    self.global_batch = PER_REPLICA_BATCH * repl.num_replicas
+
+  def judge(self, errors: dict, tolerance: float = TOLERANCE, exact=()):
+    """`(ok, detail, largest)` of relative `errors` (name -> error); the names in
+    `exact` must be 0."""
+    largest = max(errors.values())
+    listed = ", ".join(f"{name} {error:.1e}" for name, error in errors.items())
+    ok = all(errors[name] == 0 for name in exact) and all(
+        error <= tolerance for name, error in errors.items() if name not in exact)
+    detail = f"largest error {largest:.1e} ({listed}; tolerance {tolerance:.0e}"
+    detail += f", exact: {', '.join(exact)})" if exact else ")"
+    inexact = [errors[name] for name in errors if name not in exact]
+    if (not ok and self.on_tpu and all(errors[name] == 0 for name in exact)
+        and max(inexact) <= BFLOAT16_PASSES):
+      detail += (f"; NOTE: above float32's {tolerance:.0e} but within "
+                 f"{BFLOAT16_PASSES:.0e}, the error of bfloat16 matmul passes: most "
+                 "likely this TPU did not run float32 matmuls at precision 'highest' "
+                 "(TensorFloat-32 execution was turned off), rather than a wrong "
+                 "reduction, which is off by the replica count")
+    return ok, detail, largest
+
+
+RESULTS = []
+
+
+def run_check(name, fn, setting):
+  """Runs one check; records and prints its result, whatever happens."""
+  start = time.time()
+  largest = None
+  try:
+    if setting is None:
+      ok, detail = False, "not run: no TPU replicator (see the error above)"
+    else:
+      ok, detail, largest = fn(setting)
+  except Exception as error:  # pylint: disable=broad-except
+    ok, detail = False, f"{type(error).__name__}: {str(error)[:600]}"
+    traceback.print_exc()
+  RESULTS.append({"check": name, "ok": bool(ok), "detail": detail,
+                  "largest_error": largest, "seconds": round(time.time() - start, 1)})
+  print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+
+# Models and data, the same on the TPU replicator and the oracle.
+
+
+def seeded(seed: int, scale: float):
+  """A Sonnet initializer whose values depend on `seed` and the shape only."""
+  import sonnet as snt  # pylint: disable=import-outside-toplevel
+
+  class Seeded(snt.initializers.Initializer):
+
+    def __call__(self, shape, dtype):
+      rng = np.random.RandomState([seed] + [int(d) for d in shape])
+      return tf.constant(rng.normal(size=shape) * scale, dtype)
+
+  return Seeded()
+
+
+def mlp(seed: int):
+  import sonnet as snt  # pylint: disable=import-outside-toplevel
+  return snt.nets.MLP([32, CLASSES], w_init=seeded(seed, 0.3),
+                      b_init=seeded(seed + 1, 0.1))
+
+
+def classification_data(rows: int, seed: int):
+  rng = np.random.RandomState(seed)
+  x = (rng.normal(size=[rows, FEATURES]) * 2 + 1).astype(np.float32)
+  y = rng.randint(0, CLASSES, size=[rows]).astype(np.int32)
+  return x, y
+
+
+# tf.data's autotuning thread of an input on the stand-in's distributed iterator
+# is not woken when the iterator is deleted: `shutdown` waited up to its
+# period, which doubles while the input lives (40 s for these inputs on 2
+# replicas, 200 s on 4). Nothing here needs autotuning.
+NO_AUTOTUNE = tf.data.Options()
+NO_AUTOTUNE.autotune.enabled = False
+
+
+def input_fn_for(name: str, arrays, global_batch: int):
+  """An input_fn of `arrays`' rows in order, `global_batch` rows a step.
+
+  The TPU engine gives consecutive per-replica batches to consecutive
+  replicas, so step s's global batch is rows [s * global_batch, (s + 1) *
+  global_batch) on every replicator. `name` tells the inputs apart in a
+  checkpoint's record.
+  """
+  def input_fn(ctx):
+    assert name  # a constant of the closure: part of the input's name
+    ds = tf.data.Dataset.from_tensor_slices(arrays).with_options(NO_AUTOTUNE)
+    return ds.batch(ctx.per_replica_batch_size(global_batch), drop_remainder=True)
+  return input_fn
+
+
+def classifier_step(model, optimizer, all_mean):
+  """A step_fn: one optimizer step on the mean cross-entropy; the global mean loss."""
+  def step_fn(batch):
+    images, labels = batch
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels, model(images)))
+    optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                    model.trainable_variables)
+    return all_mean(loss)
+  return step_fn
+
+
+def train(repl, model, make_optimizer, input_fn, calls):
+  """Trains `model` with `calls` runs (their step counts); `(optimizer, the last
+  loss of each call)`. Only the optimizer is made in `repl.context()`."""
+  with repl.context():
+    optimizer = repl.wrap_optimizer(make_optimizer())
+  step_fn = classifier_step(model, optimizer, repl.all_mean)
+  losses = [float(repl.run(step_fn, input_fn, steps=k)[0]) for k in calls]
+  return optimizer, losses
+
+
+def oracle():
+  import replicator  # pylint: disable=import-outside-toplevel
+  return replicator.GpuReplicator(device="/cpu:0")
+
+
+def relative(mine, theirs) -> float:
+  """Largest difference over the largest magnitude of `theirs`."""
+  mine, theirs = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
+  if mine.shape != theirs.shape:
+    raise ValueError(f"shapes differ: {mine.shape} and {theirs.shape}")
+  return float(np.max(np.abs(mine - theirs), initial=0.0)
+               / max(np.max(np.abs(theirs), initial=0.0), 1e-30))
+
+
+def variables_error(mine, theirs) -> float:
+  mine, theirs = list(mine), list(theirs)
+  if len(mine) != len(theirs) or not mine:
+    raise ValueError(f"{len(mine)} variables against the oracle's {len(theirs)}")
+  return max(relative(a.numpy(), b.numpy()) for a, b in zip(mine, theirs))
+
+
+def copies_apart(variables):
+  """`(largest difference between two replicas' copies, variables compared)`."""
+  spread, compared = 0.0, 0
+  for variable in variables:
+    inner = getattr(variable, "value", None)  # a Keras variable wraps ours
+    inner = inner if isinstance(inner, tf.Variable) else variable
+    copies = [np.asarray(c.numpy(), np.float64) for c in getattr(inner, "values", ())]
+    compared += bool(copies)
+    for copy in copies[1:]:
+      spread = max(spread, float(np.max(np.abs(copy - copies[0]), initial=0.0)))
+  return spread, compared
+
+
+# The checks.
+
+
+def optimizer_check(setting, make_optimizer, seed):
+  """Trains on the TPU replicator and on the oracle; `(errors, updates ratio)`."""
+  g = setting.global_batch
+  arrays = classification_data(3 * g, seed)
+  model = mlp(seed)
+  _, losses = train(setting.repl, model, make_optimizer,
+                    input_fn_for(f"optimizer_{seed}", arrays, g), calls=[1, 2])
+  one = oracle()
+  reference = mlp(seed)
+  _, o_losses = train(one, reference, make_optimizer,
+                      input_fn_for(f"oracle_{seed}", arrays, g), calls=[1, 2])
+  one.shutdown()
+  initial = mlp(seed)
+  initial(tf.zeros([1, FEATURES]))
+  moved = np.sqrt(sum(np.sum((a.numpy() - b.numpy()) ** 2) for a, b in zip(
+      model.variables, initial.variables)))
+  o_moved = np.sqrt(sum(np.sum((a.numpy() - b.numpy()) ** 2) for a, b in zip(
+      reference.variables, initial.variables)))
+  errors = {"variables": variables_error(model.variables, reference.variables),
+            "loss": relative(losses[-1], o_losses[-1])}
+  return errors, float(moved / max(o_moved, 1e-30))
+
+
+def sonnet_adam(setting):
+  import sonnet as snt  # pylint: disable=import-outside-toplevel
+  errors, ratio = optimizer_check(setting, lambda: snt.optimizers.Adam(1e-2), seed=10)
+  ok, detail, largest = setting.judge(errors)
+  return ok, f"{detail}; update / oracle's update {ratio:.4f}", largest
+
+
+def keras_sgd(setting):
+  import keras  # pylint: disable=import-outside-toplevel
+  errors, ratio = optimizer_check(
+      setting, lambda: keras.optimizers.SGD(learning_rate=0.1, momentum=0.9), seed=20)
+  ok, detail, largest = setting.judge(errors)
+  return ok, (f"{detail}; update / oracle's update {ratio:.4f} (gradients reduced "
+              f"twice: about {setting.num_replicas})"), largest
+
+
+def cross_replica_batch_norm(setting):
+  import sonnet as snt  # pylint: disable=import-outside-toplevel
+  import replicator  # pylint: disable=import-outside-toplevel
+  repl, g, steps = setting.repl, setting.global_batch, 3
+  rng = np.random.RandomState(30)
+  images = rng.normal(size=[steps * g, 4, 4, 3]) * [1.0, 2.0, 5.0] + [0.0, 1.0, -3.0]
+  # Each replica's rows are shifted and scaled by its own amounts, so that its
+  # own statistics are not the global batch's.
+  owner = (np.arange(steps * g) // PER_REPLICA_BATCH) % setting.num_replicas
+  images = (images * (1 + 0.5 * owner[:, None, None, None])
+            + 2.0 * owner[:, None, None, None]).astype(np.float32)
+  with repl.context():
+    norm = replicator.nn.CrossReplicaBatchNorm(create_scale=True, create_offset=True,
+                                               decay_rate=0.9)
+  step_fn = lambda x: norm(x, is_training=True)
+  input_fn = input_fn_for("batch_norm", images, g)
+  repl.run(step_fn, input_fn)
+  out = repl.run(step_fn, input_fn, steps=steps - 1).numpy()
+  with tf.device("/cpu:0"):
+    reference = snt.BatchNorm(create_scale=True, create_offset=True, decay_rate=0.9)
+    for s in range(steps):
+      want = reference(tf.constant(images[s * g:(s + 1) * g]), is_training=True).numpy()
+  errors = {
+      "outputs": relative(out.reshape(want.shape), want),
+      "moving mean": relative(norm.moving_mean.value.numpy(),
+                              reference.moving_mean.value.numpy()),
+      "moving variance": relative(norm.moving_variance.value.numpy(),
+                                  reference.moving_variance.value.numpy()),
+  }
+  return setting.judge(errors)
+
+
+def collectives(setting):
+  repl, n = setting.repl, setting.num_replicas
+  rng = np.random.RandomState(40)
+  floats = rng.normal(size=[n, 2, 3]).astype(np.float32)
+  more = rng.uniform(1, 2, size=[n, 5]).astype(np.float32)
+  ints = rng.randint(-50, 50, size=[n, 4]).astype(np.int32)
+  flags = rng.uniform(size=[n, 6]) > 0.5
+  last = n - 1
+
+  def step_fn():
+    r = repl.replica_id
+    mine = {"f": tf.gather(floats, r), "i": tf.gather(ints, r)}
+    return {
+        "replica_id": r,
+        "all_sum": repl.all_sum(mine),
+        "all_mean": repl.all_mean((tf.gather(floats, r), [tf.gather(more, r)])),
+        "all_max": repl.all_max(dict(mine, b=tf.gather(flags, r))),
+        "all_min": repl.all_min(dict(mine, b=tf.gather(flags, r))),
+        "all_gather": repl.all_gather(mine),
+        "broadcast": repl.broadcast(mine, source_replica=last),
+    }
+
+  got = repl.run(step_fn)
+  want = {
+      "replica_id": None,
+      "all_sum": {"f": floats.sum(0), "i": ints.sum(0)},
+      "all_mean": (floats.mean(0), [more.mean(0)]),
+      "all_max": {"f": floats.max(0), "i": ints.max(0), "b": flags.any(0)},
+      "all_min": {"f": floats.min(0), "i": ints.min(0), "b": flags.all(0)},
+      "all_gather": {"f": floats.reshape(2 * n, 3), "i": ints.reshape(4 * n)},
+      "broadcast": {"f": floats[last], "i": ints[last]},
+  }
+  errors, exact = {}, ["replica_id"]
+  ids = got["replica_id"].numpy()
+  errors["replica_id"] = float(np.max(np.abs(ids - np.arange(n))))
+  for name in want:
+    if name == "replica_id":
+      continue
+    got_leaves = tf.nest.flatten(got[name])
+    want_leaves = tf.nest.flatten(want[name])
+    if len(got_leaves) != len(want_leaves):
+      raise ValueError(f"{name}: {len(got_leaves)} leaves, expected {len(want_leaves)}")
+    error, integral = 0.0, True
+    for leaf, expected in zip(got_leaves, want_leaves):
+      stacked = leaf.numpy()
+      integral = integral and expected.dtype.kind in "ib"
+      for r in range(n):  # every replica has the result
+        error = max(error, relative(stacked[r].astype(np.float64),
+                                    expected.astype(np.float64)))
+    errors[name] = error
+    if name in ("all_max", "all_min", "all_gather", "broadcast"):
+      exact.append(name)  # a copy of some replica's value: no rounding
+  return setting.judge(errors, exact=exact)
+
+
+def input_exhausted(setting):
+  import replicator  # pylint: disable=import-outside-toplevel
+  repl, g, k = setting.repl, setting.global_batch, 2
+  x = np.random.RandomState(50).normal(size=[k * g, FEATURES]).astype(np.float32)
+  with repl.context():
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps_taken")
+
+  def step_fn(batch):
+    counter.assign_add(1)
+    return repl.all_sum(tf.reduce_sum(batch))
+
+  try:
+    repl.run(step_fn, input_fn_for("exhausted", x, g), steps=k + 3)
+  except replicator.InputExhausted as error:
+    raised = error
+  else:
+    return False, f"run(steps={k + 3}) on an input of {k} steps returned", None
+  completed = raised.steps_completed
+  last = None if raised.outputs is None else raised.outputs.numpy()
+  errors = {"steps_completed": float(abs(completed - k)),
+            "counter": float(abs(int(counter.numpy()) - k))}
+  if last is None:
+    return False, f"steps_completed {completed} (expected {k}), outputs None", None
+  errors["last outputs"] = max(relative(v, x[(k - 1) * g:].sum(dtype=np.float64))
+                               for v in last)
+  ok, detail, largest = setting.judge(errors, exact=("steps_completed", "counter"))
+  return ok, (f"{detail}; InputExhausted after {completed} of {k + 3} steps, "
+              f"counter {int(counter.numpy())}"), largest
+
+
+def checkpoint_roundtrip(setting):
+  import sonnet as snt  # pylint: disable=import-outside-toplevel
+  import replicator  # pylint: disable=import-outside-toplevel
+  repl, g = setting.repl, setting.global_batch
+  x, y = classification_data(3 * g, 60)
+  model = mlp(60)
+  optimizer, _ = train(repl, model, lambda: snt.optimizers.Adam(1e-2),
+                       input_fn_for("checkpoint", (x[:2 * g], y[:2 * g]), g), calls=[2])
+  directory = tempfile.mkdtemp(prefix="tpu_check_", dir=setting.workdir)
+  try:
+    saver = replicator.Checkpointer(directory, model=model, optimizer=optimizer)
+    saver.save(2)
+    one = oracle()
+    restored = mlp(61)  # other initial values: the restore must replace them
+    with one.context():
+      restored_optimizer = one.wrap_optimizer(snt.optimizers.Adam(1e-2))
+    step = replicator.Checkpointer(directory, model=restored,
+                                   optimizer=restored_optimizer).restore_latest()
+    if step != 2:
+      return False, f"restore_latest() returned {step!r}, expected 2", None
+    # Made after the restore, on the GpuReplicator: they get the saved values.
+    one.run(lambda: restored(tf.zeros([1, FEATURES])))
+    errors = {
+        "variables": max(float(np.max(np.abs(a.numpy() - b.numpy())))
+                         for a, b in zip(restored.variables, model.variables)),
+        "adam step": float(abs(int(restored_optimizer.step.numpy())
+                               - int(optimizer.step.numpy()))),
+    }
+    if len(restored.variables) != len(model.variables):
+      return False, (f"{len(restored.variables)} variables restored of "
+                     f"{len(model.variables)}"), None
+    # One more step on each side (Adam's slots restored when first applied).
+    following = (x[2 * g:], y[2 * g:])
+    repl.run(classifier_step(model, optimizer, repl.all_mean),
+             input_fn_for("after_save", following, g))
+    one.run(classifier_step(restored, restored_optimizer, one.all_mean),
+            input_fn_for("after_restore", following, g))
+    errors["next step"] = variables_error(restored.variables, model.variables)
+    one.shutdown()
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
+  return setting.judge(errors, exact=("variables", "adam step"))
+
+
+def replicas_in_sync(setting):
+  import sonnet as snt  # pylint: disable=import-outside-toplevel
+  import replicator  # pylint: disable=import-outside-toplevel
+  repl, g = setting.repl, setting.global_batch
+  x, y = classification_data(2 * g, 70)
+  model = mlp(70)
+  with repl.context():
+    norm = replicator.nn.CrossReplicaBatchNorm(create_scale=True, create_offset=True)
+    ema = tf.Variable(tf.zeros([FEATURES]), trainable=False, name="ema")
+    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+
+  def step_fn(batch):
+    images, labels = batch
+    ema.assign(0.9 * ema + 0.1 * tf.reduce_max(images, 0))  # each replica its own max
+    with tf.GradientTape() as tape:
+      logits = model(norm(images, is_training=True))
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+    variables = norm.trainable_variables + model.trainable_variables
+    optimizer.apply(tape.gradient(loss, variables), variables)
+    return loss
+
+  repl.run(step_fn, input_fn_for("in_sync", (x, y), g), steps=2)
+  variables = (list(model.variables) + list(norm.variables) + [ema]
+               + list(optimizer.variables))
+  repl.assert_replicas_in_sync(variables)
+  spread, compared = copies_apart(variables)
+  return (spread == 0.0, f"largest error {spread:.1e} between two replicas' copies "
+          f"(exact); assert_replicas_in_sync passed on {len(variables)} variables, "
+          f"copies of {compared} compared here", spread)
+
+
+FUNCTIONS = {"sonnet_adam": sonnet_adam, "keras_sgd": keras_sgd,
+             "cross_replica_batch_norm": cross_replica_batch_norm,
+             "collectives": collectives, "input_exhausted": input_exhausted,
+             "checkpoint_roundtrip": checkpoint_roundtrip,
+             "replicas_in_sync": replicas_in_sync}
+
+
+def replica_count(text: str) -> int:
+  try:
+    count = int(text)
+  except ValueError:
+    count = None
+  if count is None or count < 1:
+    raise argparse.ArgumentTypeError(
+        f"expected an int >= 1 (logical CPUs, one replica each), got {text!r}")
+  return count
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(
+      prog="python -m benchmarks.tpu_check",
+      description="Checks TpuReplicator on a TPU (or its stand-in) against "
+                  "one-device oracles.")
+  where = parser.add_mutually_exclusive_group()
+  where.add_argument("--tpu", default=None,
+                     help="TPU name or address (default: TPU_NAME, COLAB_TPU_ADDR, "
+                          "then 'local', a TPU VM)")
+  where.add_argument("--stand_in", type=replica_count, default=None, metavar="N",
+                     help="no TPU: the same engine on N logical CPUs")
+  parser.add_argument("--json", default=None, metavar="FILE",
+                      help="write the results to FILE")
+  parser.add_argument("--workdir", default=None,
+                      help="where checkpoint_roundtrip writes (default: a temporary "
+                           "directory; on a TPU Node, give a gs:// path)")
+  return parser.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  started = time.time()
+  if args.stand_in is not None:
+    import replicator  # pylint: disable=import-outside-toplevel
+    replicator.testing.configure_logical_cpus(args.stand_in)  # before any op
+  # On a TPU: float32 matmuls and convolutions at precision 'highest'.
+  tf.config.experimental.enable_tensor_float_32_execution(False)
+  import replicator  # pylint: disable=import-outside-toplevel
+  setting, made = None, None
+  try:
+    if args.stand_in is not None:
+      repl = replicator.testing.tpu_engine_on_cpus(args.stand_in)
+      device = f"stand-in: {args.stand_in} logical CPUs"
+      precision = "float32 (CPU)"
+    else:
+      repl = replicator.TpuReplicator(tpu=args.tpu)
+      device = (f"TPU {args.tpu or 'from the environment'}: "
+                f"{len(tf.config.list_logical_devices('TPU'))} TPU cores")
+      precision = "highest (TensorFloat-32 execution off)"
+    setting = Setting(repl, on_tpu=args.stand_in is None, workdir=args.workdir)
+    made = repr(repl)
+    print(f"tpu_check: {made} on {device}; precision {precision}; tf "
+          f"{tf.__version__}", flush=True)
+  except Exception as error:  # pylint: disable=broad-except
+    traceback.print_exc()
+    device, precision = "none", "n/a"
+    print(f"tpu_check: could not make the replicator: {type(error).__name__}: "
+          f"{str(error)[:600]} (--stand_in N runs the checks without a TPU)",
+          flush=True)
+  for name in CHECKS:
+    run_check(name, FUNCTIONS[name], setting)
+  if setting is not None:
+    setting.repl.shutdown()
+  passed = sum(r["ok"] for r in RESULTS)
+  seconds = round(time.time() - started, 1)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"command": "python -m benchmarks.tpu_check " + " ".join(
+                     sys.argv[1:] if argv is None else argv),
+                 "machine": common.machine(), "device": device, "replicator": made,
+                 "precision": precision, "tolerance": TOLERANCE,
+                 "tensorflow": tf.__version__, "passed": passed, "total": len(RESULTS),
+                 "seconds": seconds, "results": RESULTS}, f, indent=1)
+  print(f"{passed}/{len(RESULTS)} checks passed ({seconds} s)", flush=True)
+  return 0 if passed == len(RESULTS) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
