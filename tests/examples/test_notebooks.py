@@ -142,6 +142,10 @@ def test_gan_notebook_runs_in_smoke_mode(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("REPLICATOR_NOTEBOOK_SMOKE_IMAGENET128") != "1",
+    reason="about 2 minutes (the Inception path on synthetic data): run with "
+    "REPLICATOR_NOTEBOOK_SMOKE_IMAGENET128=1")
 def test_gan_notebook_runs_its_imagenet128_cell_on_synthetic_data(tmp_path):
   out, work, seconds = _run_smoke("gan", tmp_path,
                                   REPLICATOR_NOTEBOOK_SMOKE_IMAGENET128="1")
@@ -159,23 +163,3 @@ def test_gan_notebook_runs_its_imagenet128_cell_on_synthetic_data(tmp_path):
   assert results["config"]["g_ch"] == 1 and results["config"]["num_classes"] == 1000
   assert set(results["runs"][0]["history"][-1]) == {
       "step", "inception_score", "frechet_inception_distance"}
-
-
-@pytest.mark.slow
-def test_resnet_notebook_runs_in_smoke_mode(tmp_path):
-  out, work, seconds = _run_smoke("resnet", tmp_path)
-  print(f"resnet notebook, smoke mode: {seconds:.0f} s")
-  _in_order(out, [
-      f"smoke mode: --replicator=tpu_emulated --cpu_replicas=2; repository {ROOT}; "
-      f"results in {work / 'resnet20_fmnist'}",
-      _EMULATED, "num_replicas: 2",
-      f"Fashion-MNIST: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-      f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz in {FASHION_MNIST}",
-      "-m examples.resnet.train --dataset=fashion_mnist",
-      "2 replicas, resnet20 on fashion_mnist: 9 steps of 128 images",
-      "step 9/9", "evaluation at step 9/9 (epoch 0.02): accuracy ",
-      "test accuracy after 0.02 epochs (step 9/9): "])
-  accuracy = re.search(r"test accuracy after 0\.02 epochs \(step 9/9\): ([\d.]+)%, "
-                       r"([\d.]+)% with mirror images", out)
-  assert accuracy and 0 < float(accuracy.group(1)) <= 100, out[-2000:]
-  assert list((work / "resnet20_fmnist" / "checkpoints").iterdir())
