@@ -262,24 +262,6 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
 
-  def _run_on_strategy(self, step_fn, input_fn, iterator, element_spec,
-                       steps: int, args):
-    """`run` on the strategy engine: one call of `steps` steps."""
-    try:
-      completed, outputs = self._strategy_engine.run(
-          step_fn, input_fn, iterator, element_spec, steps, args)
-    except tf.errors.OpError as error:
-      shapes = step_checks.output_shape_error(error, step_fn)
-      if shapes is not None:
-        raise shapes from error
-      raise
-    self._steps_completed += completed
-    if input_fn is not None:
-      self._inputs.count_steps(input_fn, completed)
-    if completed < steps:
-      raise errors.InputExhausted(completed, outputs if completed else None)
-    return outputs
-
   def _iterator_of(self, dataset: tf.data.Dataset):
     """An iterator of `dataset`'s batches, as this replicator's engine takes it."""
     if self._strategy_engine is not None:

@@ -48,7 +48,7 @@ def tpu_engine_on_cpus(num_replicas: int = 2):
     configure_logical_cpus(num_replicas)
   strategy = _StandIn(devices=[f"/cpu:{i}" for i in range(num_replicas)])
   repl = tpu.TpuReplicator.__new__(tpu.TpuReplicator)
-  repl._on_strategy(strategy, compile_check=True)  # pylint: disable=protected-access
+  repl._on_strategy(strategy, stand_in=True)  # pylint: disable=protected-access
   return repl
 
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from replicator import errors
 from replicator import base
+from replicator.engine import step_checks
 from replicator.mesh import Mesh
 from replicator.strategy_engine import engine as strategy_engine
 
@@ -41,6 +42,13 @@ def _tpu_address(tpu: Optional[str]) -> str:
 class TpuReplicator(base.Replicator):
   """Replicas on the cores of a TPU, or emulated on the CPU.
 
+  On a TPU (a Cloud TPU VM, a TPU Node, Colab) the steps run on
+  `tf.distribute`'s `TPUStrategy` (Sonnet's `TpuReplicator`), through the
+  strategy engine (`replicator.strategy_engine`), with the semantics of the
+  other replicators; docs/design.md, "The strategy engine", says where it
+  differs. Not run on a TPU by this project: `python -m benchmarks.tpu_check`
+  checks it there.
+
   With `emulate_on_cpu=True` the replicas of a step are compiled together as
   one XLA computation on the CPU, so a step that cannot compile with static
   shapes fails on a laptop first. XLA on CPU accepts some ops a TPU rejects
@@ -50,11 +58,12 @@ class TpuReplicator(base.Replicator):
   says to return the values instead.
 
   Args:
-    num_workers: TPU hosts (only 1 is supported in this version).
+    num_workers: TPU hosts: 1, or as many as the TPU found has (a pod slice,
+      not yet run).
     num_tpu_cores_per_worker: cores per host; None reads it from the TPU (8
       when emulating).
     tpu: TPU name or address; None tries `TPU_NAME`, `COLAB_TPU_ADDR`, then
-      `'local'` (a TPU VM).
+      `'local'` (a TPU VM, a current Colab runtime).
     emulate_on_cpu: run on the CPU with TPU semantics.
   """
 
@@ -92,10 +101,10 @@ class TpuReplicator(base.Replicator):
           "TPU Node set TPU_NAME (or pass tpu='name'); to try TPU semantics "
           "without a TPU, pass emulate_on_cpu=True.") from error
     strategy = snt.distribute.TpuReplicator(resolver)
-    self._on_strategy(strategy, compile_check=False, num_workers=num_workers,
+    self._on_strategy(strategy, stand_in=False, num_workers=num_workers,
                       num_tpu_cores_per_worker=num_tpu_cores_per_worker)
 
-  def _on_strategy(self, strategy, compile_check: bool, num_workers: int = 1,
+  def _on_strategy(self, strategy, stand_in: bool, num_workers: int = 1,
                    num_tpu_cores_per_worker: Optional[int] = None):
     """Runs this replicator's steps on `strategy` (the strategy engine)."""
     hosts = _hosts(strategy)
@@ -112,7 +121,25 @@ class TpuReplicator(base.Replicator):
           "them all.")
     devices = [d.split("/device:")[-1] for d in strategy.extended.worker_devices]
     super().__init__(Mesh(devices=devices))
-    self._strategy_engine = strategy_engine.StrategyEngine(strategy, compile_check)
+    self._strategy_engine = strategy_engine.StrategyEngine(strategy, stand_in)
+
+  def _run_on_strategy(self, step_fn, input_fn, iterator, element_spec,
+                       steps: int, args):
+    """`run` on the strategy engine: one call of `steps` steps."""
+    try:
+      completed, outputs = self._strategy_engine.run(
+          step_fn, input_fn, iterator, element_spec, steps, args)
+    except tf.errors.OpError as error:
+      shapes = step_checks.output_shape_error(error, step_fn)
+      if shapes is not None:
+        raise shapes from error
+      raise
+    self._steps_completed += completed
+    if input_fn is not None:
+      self._inputs.count_steps(input_fn, completed)
+    if completed < steps:
+      raise errors.InputExhausted(completed, outputs if completed else None)
+    return outputs
 
   def _check_dataset(self, dataset, input_fn):
     name = errors.name_of(input_fn)

@@ -15,6 +15,7 @@ LAYERS = {
     "engine": 3,                           # replicated variables and the compiled step
     "patches": 4,                          # TensorFlow / Keras, replica-aware
     "nn": 5, "optimizers": 5,
+    "strategy_engine": 5,                  # steps that tf.distribute replicates (TPUs)
     "base": 6,                             # `Replicator`, written once
     "gpu": 7, "testing": 7, "tpu": 7,
     "launch_supervisor": 7,                # the launcher's processes, below its command line

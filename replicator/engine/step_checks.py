@@ -23,7 +23,7 @@ _XLA_MISSING_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA_\w+_JI
 _PRINT_OPS = frozenset({"PrintV2", "Print", "StringFormat"})
 
 
-def xla_unsupported(error: tf.errors.OpError, step_fn, compiled_by: str):
+def xla_unsupported(error: Exception, step_fn, compiled_by: str):
   """A clear error for ops XLA cannot compile, or None for other errors.
 
   TensorFlow's message names the op type deep inside a graph dump; this one
@@ -39,10 +39,12 @@ def xla_unsupported(error: tf.errors.OpError, step_fn, compiled_by: str):
   else:
     fix = ("move that computation out of the step: into input_fn "
            "(dataset.map) or after run, on what run returns")
-  return type(error)(
-      error.node_def, error.op,
-      f"step_fn: {name} uses {', '.join(ops)}, which XLA cannot compile; "
-      f"{compiled_by}. Fix: {fix}.")
+  message = (f"step_fn: {name} uses {', '.join(ops)}, which XLA cannot compile; "
+             f"{compiled_by}. Fix: {fix}.")
+  if isinstance(error, tf.errors.OpError):
+    return type(error)(error.node_def, error.op, message)
+  # The strategy engine's check compiles to HLO, which reports a ValueError.
+  return tf.errors.InvalidArgumentError(None, None, message)
 
 
 def check_outputs(outputs, step_fn):

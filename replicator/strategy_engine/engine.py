@@ -22,13 +22,14 @@ class StrategyEngine:
       `all_reduce` and `all_gather` and whose variables made under
       `synchronization=ON_READ` are replica-local (Sonnet's `TpuReplicator`
       and `Replicator` are both, and Sonnet's optimizers accept them).
-    compile_check: compile each step with XLA before its first run (where
-      the strategy does not compile it itself).
+    stand_in: the strategy stands in for a TPU's on CPUs: each step is
+      compiled with XLA before its first run (a TPU compiles it anyway), and
+      the inputs are fed per replica (`iterator`).
   """
 
-  def __init__(self, strategy, compile_check: bool):
+  def __init__(self, strategy, stand_in: bool):
     self.strategy = strategy
-    self._compile_check = compile_check
+    self._stand_in = stand_in
     self._creator = variables.VariableCreator()
     self._steps = {}  # (step_fn, input_fn) -> StrategyStep
 
@@ -51,14 +52,21 @@ class StrategyEngine:
     # (tf.distribute would give the replicas left over empty batches).
     local = len(self.strategy.extended.worker_devices)
     grouped = dataset.batch(local, drop_remainder=True).unbatch()
-    if self._compile_check:
-      # The stand-in's iterators, when deleted, wait for tf.data's autotuning
-      # thread to wake up: tens of seconds for an input that lived a while.
-      options = tf.data.Options()
-      options.autotune.enabled = False
-      grouped = grouped.with_options(options)
+    if not self._stand_in:
+      return iter(self.strategy.distribute_datasets_from_function(
+          lambda unused_context: grouped))
+    # The stand-in gives each replica its shard of the same elements, from an
+    # iterator of its own on the host, without tf.data's autotuning: deleting
+    # the per-device iterators of the TPU's way (a MultiDeviceIterator) waits
+    # for their autotuning threads to wake, up to minutes into a test suite.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    grouped = grouped.with_options(options)
     return iter(self.strategy.distribute_datasets_from_function(
-        lambda unused_context: grouped))
+        lambda context: grouped.shard(local, context.input_pipeline_id),
+        tf.distribute.InputOptions(
+            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+            experimental_fetch_to_device=False)))
 
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
           element_spec, steps: int, args: Sequence[Any]):
@@ -66,7 +74,7 @@ class StrategyEngine:
     step = self._steps.get((step_fn, input_fn))
     if step is None:
       step = steps_lib.StrategyStep(step_fn, element_spec, self.strategy,
-                                    self._creator, self._compile_check)
+                                    self._creator, self._stand_in)
       self._steps[(step_fn, input_fn)] = step
     return step(iterator, steps, args)
 

@@ -34,17 +34,18 @@ class StrategyStep:
     element_spec: one replica's batch (None without input).
     strategy: the strategy that runs it.
     creator: the engine's `VariableCreator`.
-    compile_check: compile step_fn with XLA before its first run (a
-      stand-in for a TPU, which compiles it anyway).
+    stand_in: the strategy stands in for a TPU's: compile step_fn with XLA
+      before its first run, as a TPU does, and trace the tf.functions it
+      calls inline in each replica's trace.
   """
 
   def __init__(self, step_fn: Callable, element_spec, strategy, creator,
-               compile_check: bool):
+               stand_in: bool):
     self._step_fn = step_fn
     self._element_spec = element_spec
     self._strategy = strategy
     self._creator = creator
-    self._compile_check = compile_check
+    self._stand_in = stand_in
     self._num_replicas = strategy.num_replicas_in_sync
     self._num_local = len(strategy.extended.worker_devices)
     self._traced = {}  # args signature -> flat output specs (None for None leaves)
@@ -98,7 +99,7 @@ class StrategyStep:
             f"step_fn: {errors.name_of(self._step_fn)} returns a {spec.dtype.name} "
             "tensor; a TPU step returns numbers only. Return numeric tensors and "
             "turn them into text after run.")
-    if self._compile_check:
+    if self._stand_in:
       self._check_compiles(args)
     return outputs, specs
 
@@ -141,7 +142,7 @@ class StrategyStep:
     # tf.function that step_fn calls would keep the first replica's trace (its
     # replica id, its tensors); a TPU traces the replicas once.
     replica = collectives.StrategyReplica(self._num_replicas,
-                                          inline_functions=self._compile_check)
+                                          inline_functions=self._stand_in)
     strategy = self._strategy
 
 
