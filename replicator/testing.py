@@ -6,6 +6,7 @@ import itertools
 import sonnet as snt
 import tensorflow as tf
 
+from replicator import tpu
 from replicator.collectives import reductions
 from replicator.mesh import configure_logical_cpus  # noqa: F401  (public here)
 
@@ -40,7 +41,6 @@ def tpu_engine_on_cpus(num_replicas: int = 2):
   >>> repl.num_replicas
   2
   """
-  from replicator import tpu  # pylint: disable=import-outside-toplevel
   if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
     raise ValueError(f"num_replicas: expected an int >= 1, got {num_replicas!r}.")
   cpu = tf.config.list_physical_devices("CPU")[0]

@@ -32,6 +32,13 @@ EIGHT_REPLICATORS = {EIGHT: (lambda: testing.tpu_engine_on_cpus(8), 8)}
 MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
 
 
+def runs_xla(name) -> bool:
+  """Whether `name`'s steps run as XLA computations (the TPU emulator): the
+  strategy engine's stand-in checks that XLA compiles them, then runs
+  TensorFlow's kernels."""
+  return name.startswith("tpu_emulated")
+
+
 def in_graph(name) -> bool:
   """Whether `name` runs on the in-graph engine (replicator.engine), whose
   merges a test may watch; the others run on the strategy engine."""

@@ -64,7 +64,7 @@ del REPLICATORS["multi_gpu_4"]
 def test_golden_trains_as_on_one_device(golden, replicator_name):
   # XLA rounds differently (and Sonnet's UnrolledLSTM even trains differently under
   # it): the oracle is compiled as the replicator compiles.
-  xla = replicator_name.startswith("tpu") or replicator_name.endswith("xla")
+  xla = catalogue.runs_xla(replicator_name) or replicator_name.endswith("xla")
   plain_losses, plain_variables = _plain(golden, xla)
   repl = REPLICATORS[replicator_name][0]()
   with repl.context():

@@ -157,9 +157,12 @@ def _oracle(case, num_replicas, jit_compile, inputs):
 def _copies(variable):
   """The per-replica copies of a replicated `tf.Variable` or Keras variable."""
   inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
-  if isinstance(inner, replicator.ReplicatedVariable):
+  if isinstance(inner, tf.Variable) and hasattr(inner, "replicas"):
     variable = inner
-  assert isinstance(variable, replicator.ReplicatedVariable), variable
+  # The in-graph engine's ReplicatedVariable, or the strategy engine's
+  # replica-local one: each lists its copies in replica order.
+  assert isinstance(variable, replicator.ReplicatedVariable) or (
+      isinstance(variable, tf.Variable) and hasattr(type(variable), "replicas")), variable
   return variable.replicas
 
 
@@ -214,7 +217,7 @@ def test_golden_conforms_on_every_replica(case, replicator_name, tmp_path):
   inputs = golden.inputs(GLOBAL_BATCH)
   # XLA rounds (and Sonnet's UnrolledLSTM computes) differently: the oracle
   # is compiled as the replicator compiles.
-  jit_compile = replicator_name.startswith("tpu")
+  jit_compile = catalogue.runs_xla(replicator_name)
   oracle, oracle_slots, oracle_steps = _oracle(case, n, jit_compile, inputs)
 
   with repl.context():

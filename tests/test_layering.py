@@ -17,9 +17,9 @@ LAYERS = {
     "nn": 5, "optimizers": 5,
     "strategy_engine": 5,                  # steps that tf.distribute replicates (TPUs)
     "base": 6,                             # `Replicator`, written once
-    "gpu": 7, "testing": 7, "tpu": 7,
+    "gpu": 7, "tpu": 7,
     "launch_supervisor": 7,                # the launcher's processes, below its command line
-    "checkpoint": 8, "launch": 8,
+    "checkpoint": 8, "launch": 8, "testing": 8,  # testing builds a TpuReplicator
     "__init__": 9,
 }
 

@@ -147,6 +147,9 @@ class StrategyStep:
 
 
     def replica_step(*batch):
+      if batch:  # the shapes the dataset promises (tf.distribute may relax them)
+        batch = (tf.nest.map_structure(lambda t, spec: tf.ensure_shape(t, spec.shape),
+                                       batch[0], self._element_spec),)
       with replica_context.entered_strategy_replica(replica), \
           creation.no_creation(creation.created_where(
               "in the step traced by tf.distribute")):

@@ -47,6 +47,25 @@ class _MergedWrites:
   replicas = property(lambda self: tuple(self.values),
                       doc="The local copies, in replica order (as the in-graph engine's).")
 
+  # Checkpoints: one plain value per variable (the first copy's, as the
+  # in-graph engine saves), restored into every copy as it is. tf.distribute's
+  # own restore would divide a SUM variable's value by the replica count (its
+  # copies hold parts of a sum; ours hold the sum), and a Keras 3 variable
+  # restores through `_restore_from_tensors`, which the delegate would hand to
+  # the first copy alone. A restore marks the variable, so that a step's first
+  # trace that made it keeps the restored value rather than its initial one.
+  def _serialize_to_tensors(self):
+    return {trackable.VARIABLE_VALUE_KEY: self._primary.read_value()}
+
+  def _restore_from_tensors(self, restored_tensors):
+    self._replicator_restored = True
+    tensor = restored_tensors[trackable.VARIABLE_VALUE_KEY]
+    writes = []
+    for copy in self.values:
+      with tf.device(copy.device):
+        writes.append(copy.assign(tf.cast(tensor, copy.dtype), read_value=False))
+    return tf.group(writes)
+
   # As a tf.Variable outside a step: the value (the first replica's copy).
   def __int__(self):
     return int(self.read_value())
@@ -273,6 +292,10 @@ def _assign_initial_values(lifted):
         variable.assign(value)
     batch.clear()
 
+  # A checkpoint restored before the first run wrote those it names as they
+  # were made (tf.train.Checkpoint's deferred restore): they keep that value.
+  lifted = [entry for entry in lifted
+            if not getattr(entry[0], "_replicator_restored", False)]
   for entry in lifted:
     reads_captured = any(op.type == "Placeholder" for op in entry[2])
     if reads_captured or (batch and batch[0][1].graph is not entry[1].graph):
