@@ -93,7 +93,9 @@ def test_ctrl_c_ends_a_long_call_between_steps_with_its_steps_counted(tmp_path):
   script.write_text(_SCRIPT)
   child = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ckpt")],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=_env_importing_this_checkout())
+                           env=_env_importing_this_checkout(),
+                           # (as below: Ctrl-C's default, whatever the suite inherited)
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   lines = queue.Queue()
   threading.Thread(target=_lines, args=(child.stdout, lines), daemon=True).start()
   try:
@@ -242,7 +244,10 @@ def test_ctrl_c_to_one_worker_stops_every_worker_at_the_same_step(tmp_path, mode
        "--devices-per-worker", "1", "--tee", "all", "--", sys.executable, str(script),
        str(tmp_path / "ckpt"), mode],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-      env=_env_importing_this_checkout())
+      env=_env_importing_this_checkout(),
+      # A suite started in the background of a shell inherits SIGINT ignored,
+      # and so would the workers: Ctrl-C's default, as at a terminal.
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   lines = queue.Queue()
   threading.Thread(target=_lines, args=(launcher.stdout, lines), daemon=True).start()
   try:

@@ -5,6 +5,7 @@ import os
 import time
 from unittest import mock
 
+import keras
 import numpy as np
 import pytest
 import sonnet as snt
@@ -223,3 +224,50 @@ def test_a_checkpoint_moves_between_the_engines(tmp_path):
   for got, expected in zip(other.variables, model.variables):
     for copy in got.replicas:
       np.testing.assert_array_equal(copy.numpy(), expected.numpy())
+
+
+def test_one_replica_trains_as_one_device():
+  """The engine on one core (a v5e-1): every collective is the identity."""
+  x, y = catalogue.classification_data(64)
+  results = []
+  for repl in (testing.tpu_engine_on_cpus(1), replicator.GpuReplicator(device="/cpu:0")):
+    with repl.context():
+      model = catalogue.mlp()
+      optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+    repl.run(catalogue.train_step(model, optimizer), catalogue.input_fn_for(x, y, 16),
+             steps=3)
+    gathered = repl.run(lambda: {"sum": repl.all_sum(tf.constant(2.0)),
+                                 "gather": repl.all_gather(tf.constant([1.0, 2.0])),
+                                 "broadcast": repl.broadcast(tf.constant(3))})
+    results.append(([v.numpy() for v in model.variables],
+                    {k: v.numpy() for k, v in gathered.items()}))
+  (ours, ours_out), (oracle, oracle_out) = results
+  for a, b in zip(ours, oracle):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+  for key, value in oracle_out.items():
+    np.testing.assert_array_equal(ours_out[key], value)
+
+
+def test_a_gather_in_a_tf_function_with_a_signature_gathers_every_replica():
+  """A tf.function with an input_signature keeps its boundary in the step; the
+  stand-in's gather there is a sum of placed rows (MirroredStrategy's is a
+  merge_call, which a function cannot hold); a TPU's gathers in place."""
+  repl = testing.tpu_engine_on_cpus(2)
+
+  @tf.function(input_signature=[tf.TensorSpec([2, 3], tf.float32)])
+  def gather(x):
+    return repl.all_gather(x, axis=1)
+
+  out = repl.run(lambda: gather(tf.fill([2, 3], tf.cast(repl.replica_id, tf.float32))))
+  want = np.concatenate([np.zeros([2, 3]), np.ones([2, 3])], axis=1)
+  np.testing.assert_array_equal(out.numpy(), [want, want])
+
+
+def test_only_the_replicators_variables_are_checked_for_sync():
+  repl = testing.tpu_engine_on_cpus(2)
+  with repl.context():
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+  repl.assert_replicas_in_sync(layer.weights)  # Keras variables wrap ours
+  with pytest.raises(TypeError, match="is not a replicated variable.*repl.context()"):
+    repl.assert_replicas_in_sync([tf.Variable(1.0)])
