@@ -262,6 +262,12 @@ class Replicator:
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
 
+  def _count_steps(self, input_fn, ran: int):
+    """Counts `ran` steps done: the replicator's, and `input_fn`'s position."""
+    self._steps_completed += ran
+    if input_fn is not None:
+      self._inputs.count_steps(input_fn, ran)
+
   def _iterator_of(self, dataset: tf.data.Dataset):
     """An iterator of `dataset`'s batches, as this replicator's engine takes it."""
     if self._strategy_engine is not None:
@@ -293,9 +299,7 @@ class Replicator:
         ran, last, status = self._call(compiled, step_fn, input_fn, iterator,
                                        steps - completed, args, hold)
         ran = int(ran)
-        self._steps_completed += ran
-        if input_fn is not None:
-          self._inputs.count_steps(input_fn, ran)
+        self._count_steps(input_fn, ran)
         signum = fetch.signal_of(int(status))
       finally:
         if hold is not None:

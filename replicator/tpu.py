@@ -134,9 +134,7 @@ class TpuReplicator(base.Replicator):
       if shapes is not None:
         raise shapes from error
       raise
-    self._steps_completed += completed
-    if input_fn is not None:
-      self._inputs.count_steps(input_fn, completed)
+    self._count_steps(input_fn, completed)
     if completed < steps:
       raise errors.InputExhausted(completed, outputs if completed else None)
     return outputs

@@ -163,30 +163,15 @@ class VariableFactory:
       _drop_orderings_added_later(variable, subgraph, earlier)
 
     def initialize():
-      # In creation order, in batches of one graph: a value that reads a captured
-      # variable (`tf.Variable(w)`, w made before it in the step) is lifted alone,
-      # after the assignments before it.
-      copies, batch = None, []
+      copies = None
+      for batch in lift_batches(lifted):
+        copies = lift_to_graph.lift_to_graph(
+            [value for _, value, _ in batch], tf.compat.v1.get_default_graph(),
+            op_map=copies, disallowed_placeholders=Inputs(batch[0][1].graph),
+            handle_captures=True)
+        for variable, value, _ in batch:
+          variable.assign(copies[value], read_value=False)
 
-      def lift_and_assign():
-        nonlocal copies
-        if batch:
-          copies = lift_to_graph.lift_to_graph(
-              [value for _, value, _ in batch], tf.compat.v1.get_default_graph(),
-              op_map=copies, disallowed_placeholders=Inputs(batch[0][1].graph),
-              handle_captures=True)
-          for variable, value, _ in batch:
-            variable.assign(copies[value], read_value=False)
-          batch.clear()
-
-      for entry in lifted:
-        reads_captured = any(op.type == "Placeholder" for op in entry[2])
-        if reads_captured or (batch and batch[0][1].graph is not entry[1].graph):
-          lift_and_assign()
-        batch.append(entry)
-        if reads_captured:
-          lift_and_assign()
-      lift_and_assign()
     with tf.init_scope(), _without_grappler():
       # Called as a concrete function: tf.function warns of "retracing" when
       # closures of one code object are traced again and again (one per step
@@ -215,6 +200,28 @@ class VariableFactory:
     pending, self._pending = self._pending, []
     for variable in pending:
       variable._materialize()  # pylint: disable=protected-access
+
+
+def lift_batches(lifted):
+  """`lifted` (variable, initial value, its ops), in creation order, cut into
+  batches whose values lift into one graph together.
+
+  A value that reads a captured variable (`tf.Variable(w)`, w made before it
+  in the step) is lifted alone, after the batches before it: each batch must
+  be assigned before the next is taken.
+  """
+  batch = []
+  for entry in lifted:
+    reads_captured = any(op.type == "Placeholder" for op in entry[2])
+    if batch and (reads_captured or batch[0][1].graph is not entry[1].graph):
+      yield batch
+      batch = []
+    batch.append(entry)
+    if reads_captured:
+      yield batch
+      batch = []
+  if batch:
+    yield batch
 
 
 # Ops that take a variable's handle and do not change it.

@@ -271,36 +271,25 @@ class VariableCreator:
 def _assign_initial_values(lifted):
   """Gives each variable the initial value computed in the trace, in creation
   order; a value that reads a variable made before it is computed after that
-  one holds its own."""
-  batch = []
-
-  def assign():
-    if not batch:
-      return
-    values = [value for _, value, _ in batch]
-
-    def compute():
-      copies = lift_to_graph.lift_to_graph(
-          values, tf.compat.v1.get_default_graph(),
-          disallowed_placeholders=creation.Inputs(values[0].graph),
-          handle_captures=True)
-      return [copies[value] for value in values]
-
-    with tf.init_scope():
-      computed = tf.function(compute, autograph=False).get_concrete_function()()
-      for (variable, _, _), value in zip(batch, computed):
-        variable.assign(value)
-    batch.clear()
-
+  one holds its own (`creation.lift_batches`)."""
   # A checkpoint restored before the first run wrote those it names as they
   # were made (tf.train.Checkpoint's deferred restore): they keep that value.
   lifted = [entry for entry in lifted
             if not getattr(entry[0], "_replicator_restored", False)]
-  for entry in lifted:
-    reads_captured = any(op.type == "Placeholder" for op in entry[2])
-    if reads_captured or (batch and batch[0][1].graph is not entry[1].graph):
-      assign()
-    batch.append(entry)
-    if reads_captured:
-      assign()
-  assign()
+  for batch in creation.lift_batches(lifted):
+    with tf.init_scope():
+      computed = tf.function(_lifted([value for _, value, _ in batch]),
+                             autograph=False).get_concrete_function()()
+      for (variable, _, _), value in zip(batch, computed):
+        variable.assign(value)
+
+
+def _lifted(values):
+  """A function computing `values` (tensors of a trace) in its own graph."""
+  def compute():
+    copies = lift_to_graph.lift_to_graph(
+        values, tf.compat.v1.get_default_graph(),
+        disallowed_placeholders=creation.Inputs(values[0].graph),
+        handle_captures=True)
+    return [copies[value] for value in values]
+  return compute
