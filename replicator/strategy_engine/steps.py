@@ -188,8 +188,12 @@ class StrategyStep:
       del last
       return tf.logical_and(completed >= 0, completed < steps)
 
+    # One iteration at a time: a stateful random op keeps its state in its
+    # kernel, so nothing orders the draws of iterations run side by side, and
+    # a step would return another step's numbers. (A TPU's XLA loop runs its
+    # iterations in order whatever this says.)
     completed, last = tf.while_loop(
         more, body, (tf.constant(0, tf.int64), initial),
-        shape_invariants=(tf.TensorShape([]), invariants))
+        shape_invariants=(tf.TensorShape([]), invariants), parallel_iterations=1)
     completed = tf.where(completed < 0, -completed - 1, completed)
     return completed, last
