@@ -1,11 +1,12 @@
 """`Replicator`: context, wrap_optimizer, run and the collectives, written once.
 
-A subclass only chooses the mesh (and whether the step is XLA-compiled).
+A subclass only chooses the mesh and the engine that runs the steps: the
+in-graph engine (`engine.engine.InGraphEngine`, XLA-compiled or not) or a
+`tf.distribute` strategy's (`strategy_engine.engine.StrategyEngine`).
 """
 
 import contextlib
 import itertools
-import logging
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -13,22 +14,17 @@ import numpy as np
 import tensorflow as tf
 
 from replicator import errors
-from replicator.multiworker import cluster
-from replicator.engine import divergence
-from replicator.inputs import streams
 from replicator import optimizers
-from replicator.multiworker import peers
-from replicator.patches import randomness
-from replicator.patches import registry as patches
-from replicator.collectives import reduce_options
 from replicator.collectives import in_step
+from replicator.collectives import reduce_options
+from replicator.engine import divergence
+from replicator.engine import engine as in_graph
 from replicator.inputs import positions
-from replicator.engine import step_checks
-from replicator.inputs import fetch
-from replicator.engine import steps as steps_lib
-from replicator.engine import creation
-from replicator.engine import interrupts
+from replicator.inputs import streams
 from replicator.mesh import Mesh
+from replicator.multiworker import cluster
+from replicator.multiworker import peers
+from replicator.patches import registry as patches
 
 ReduceOp = reduce_options.ReduceOp
 _MAX_STEPS = 2**63 - 1
@@ -43,11 +39,14 @@ class Replicator:
       the mesh's devices; TPU emulation puts every replica on the CPU).
     jit_compile: compile each step (all replicas) as one XLA computation.
     all_reduce: default `AllReduceOptions` of `all_reduce` and optimizers.
+    engine: what runs the steps, where not the in-graph engine (a
+      `StrategyEngine`, on one worker).
   """
 
   def __init__(self, mesh: Mesh, *, placement: Optional[Sequence[str]] = None,
                jit_compile: bool = False,
-               all_reduce: Optional[reduce_options.AllReduceOptions] = None):
+               all_reduce: Optional[reduce_options.AllReduceOptions] = None,
+               engine=None):
     all_reduce = reduce_options.check_options(all_reduce)
     self._mesh = mesh
     self._workers = None
@@ -66,16 +65,15 @@ class Replicator:
       self._placement = tuple(f"/device:{d}" for d in (placement or mesh.local_devices))
     self._created = next(Replicator._creation_order)
     Replicator.live.add(self)
-    self._jit_compile = jit_compile
     self._all_reduce = all_reduce
-    self._factory = creation.VariableFactory(self._placement)
-    # Several workers: what the chief's initial values still have to reach.
-    self._new_variables = (peers.NewVariables(self._peers, self._factory.created,
-                                              lambda: self._steps_completed)
-                           if self._peers is not None else None)
-    self._strategy_engine = None  # a StrategyEngine, where a strategy runs the steps
-    self._inputs = streams.InputStreams(mesh, self._iterator_of)
-    self._steps = {}  # (step_fn, input_fn) -> CompiledStep
+    if engine is None:
+      engine = in_graph.InGraphEngine(
+          self._placement, mesh.local_replica_ids, mesh.num_replicas,
+          jit_compile=jit_compile, compiled_by=self._compiled_by,
+          workers=self._workers, peers=self._peers,
+          steps_completed=lambda: self._steps_completed, tracing=patches.while_tracing)
+    self._engine = engine
+    self._inputs = streams.InputStreams(mesh, engine.iterator)
     self._closed = False
     if self._peers is not None:
       try:
@@ -112,9 +110,7 @@ class Replicator:
   def context(self):
     """Variables created inside are replicated on every replica."""
     self._check_open("context")
-    scope = (self._factory.scope() if self._strategy_engine is None
-             else self._strategy_engine.scope())
-    with scope:
+    with self._engine.scope():
       yield self
 
   def wrap_optimizer(self, optimizer, *, clip_global_norm=None,
@@ -133,14 +129,12 @@ class Replicator:
         accumulate_steps=accumulate_steps,
         all_reduce=all_reduce or self._all_reduce)
 
-  def random_generator(self, seed: int) -> randomness.ReplicaGenerator:
-    """A random generator that gives each replica its own stream from `seed`."""
-    if self._strategy_engine is not None:
-      if not isinstance(seed, int):
-        raise TypeError(f"seed: expected an int, got {seed!r}.")
-      return self._strategy_engine.random_generator(seed)
-    return randomness.ReplicaGenerator(seed, self._mesh.local_replica_ids,
-                                       self.num_replicas, self._placement)
+  def random_generator(self, seed: int):
+    """A random generator that gives each replica its own stream from `seed`
+    (`tf.random.Generator`'s methods, drawn in a step)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+      raise TypeError(f"seed: expected an int, got {seed!r}.")
+    return self._engine.random_generator(seed)
 
   # Collectives (only inside a step).
   @property
@@ -195,54 +189,14 @@ class Replicator:
     """
     self._check_run(step_fn, args, steps)
     iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
-    if self._strategy_engine is not None:
-      return self._run_on_strategy(step_fn, input_fn, iterator, element_spec,
-                                   int(steps), args)
-    compiled = self._steps.get((step_fn, input_fn))
-    if compiled is None:
-      compiled = steps_lib.CompiledStep(
-          step_fn, element_spec, devices=self._placement,
-          first_replica_id=self._mesh.local_replica_ids[0],
-          num_replicas=self.num_replicas, factory=self._factory,
-          jit_compile=self._jit_compile, workers=self._workers,
-          new_variables=self._new_variables,
-          uneven_batches=self._inputs.allows_uneven_batches(input_fn),
-          tracing=patches.while_tracing)
-      self._steps[(step_fn, input_fn)] = compiled
-      streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
-      streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
-    completed, outputs, status = self._run_counted(compiled, step_fn, input_fn,
-                                                   iterator, int(steps), args)
-    # Where the workers differ (without input, after the first step):
-    ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
-    if int(status) == fetch.STEPS_DIFFER:
-      raise ValueError(
-          f"steps: this worker called run({errors.name_of(step_fn)}, "
-          f"steps={steps}) and another worker asked for a different number of "
-          f"steps, so {ran}. Every worker must call run with the same "
-          "step_fn, input_fn and steps, in the same order.")
-    if int(status) == fetch.VARIABLES_DIFFER:
-      made = peers.variable_kinds(compiled.variables_differ)
-      raise ValueError(
-          f"repl.context(): this worker made {len(made)} variable(s) since its "
-          f"last run ({peers.listed(made)}) "
-          "and another worker other ones, so the chief's initial values cannot "
-          "be given to every worker and each keeps its own; of "
-          f"run({errors.name_of(step_fn)}, steps={steps}), {ran}. Every worker "
-          "must make the same variables in repl.context(), in the same order.")
+    completed, outputs, uneven = self._engine.run(
+        step_fn, input_fn, iterator, element_spec, int(steps), args,
+        count=lambda ran: self._count_steps(input_fn, ran),
+        uneven_batches=self._inputs.allows_uneven_batches(input_fn))
     if completed < steps:
-      uneven = int(status) == fetch.UNEVEN
-      if uneven:
-        logging.warning(
-            "replicator: run(%s, %s) stopped after %d step(s): the next step's "
-            "batches were not all the same size on every replica. %s",
-            errors.name_of(step_fn),
-            errors.name_of(input_fn), completed,
-            errors.UNEVEN_BATCHES_FIX)
       raise errors.InputExhausted(completed, outputs if completed else None,
                                    uneven_batches=uneven)
     return outputs
-
 
   def _check_run(self, step_fn, args, steps):
     """Raises for `run`'s arguments, as every engine takes them."""
@@ -268,63 +222,9 @@ class Replicator:
     if input_fn is not None:
       self._inputs.count_steps(input_fn, ran)
 
-  def _iterator_of(self, dataset: tf.data.Dataset):
-    """An iterator of `dataset`'s batches, as this replicator's engine takes it."""
-    if self._strategy_engine is not None:
-      return self._strategy_engine.iterator(dataset)
-    return iter(dataset)
-
   def _replicated_variables(self):
     """Every variable made in `context()` or in a step, in creation order."""
-    if self._strategy_engine is not None:
-      return self._strategy_engine.created
-    return self._factory.created
-
-  def _run_counted(self, compiled, step_fn, input_fn, iterator, steps: int, args):
-    """`compiled`'s `(completed, outputs, status)` for `steps` steps, counted.
-
-    SIGINT and SIGTERM end a call of several steps between two steps
-    (`engine.interrupts`; on several workers, every worker's at the same step,
-    and every worker handles the signal), and their handlers run once its
-    steps are counted. Where none raises (a handler that only takes note), the
-    remaining steps run in a further call, as Python retries a system call that
-    a signal interrupted (PEP 475). `outputs` are those of the last step that
-    ran (None if none did).
-    """
-    completed, outputs = 0, None
-    while True:
-      hold = interrupts.Hold(compiled.stop_flag) if steps - completed > 1 else None
-      signum = 0  # the signal that stopped the call, on this worker or another
-      try:
-        ran, last, status = self._call(compiled, step_fn, input_fn, iterator,
-                                       steps - completed, args, hold)
-        ran = int(ran)
-        self._count_steps(input_fn, ran)
-        signum = fetch.signal_of(int(status))
-      finally:
-        if hold is not None:
-          hold.release(also=signum)  # the signals' handlers run here
-      completed, outputs = completed + ran, last if ran else outputs
-      if not signum or completed == steps:
-        return completed, outputs, status
-
-  def _call(self, compiled, step_fn, input_fn, iterator, steps: int, args, hold):
-    """One call of `compiled`, its TensorFlow errors explained."""
-    try:
-      return compiled(iterator, steps, args, hold)
-    except step_checks.ProgramsDiffer:
-      del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
-      raise
-    except tf.errors.OpError as error:
-      unsupported = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
-                     if self._jit_compile else None)
-      if unsupported is not None:
-        raise unsupported from error
-      shapes = step_checks.output_shape_error(error, step_fn)
-      if shapes is not None:
-        raise shapes from error
-      self._raise_if_worker_lost(error)
-      raise
+    return self._engine.created
 
   def _across_workers(self, values, merge_op: str) -> np.ndarray:
     """`values` (int64s) merged over the workers with `merge_op`, eagerly.
@@ -332,11 +232,6 @@ class Replicator:
     Every worker must call it, in the same order (as `Checkpointer` does).
     """
     return self._peers.merge(values, merge_op, self._steps_completed)
-
-  def _raise_if_worker_lost(self, error):
-    """Raises `WorkerLost` for `error` if a worker is gone (else returns)."""
-    if self._peers is not None:
-      self._peers.raise_if_lost(error, self._steps_completed)
 
   def _check_dataset(self, dataset, input_fn):
     """Hook for subclasses that need stricter datasets (TPU: static shapes)."""
@@ -366,18 +261,16 @@ class Replicator:
 
   def assert_replicas_in_sync(self, variables_to_check):
     """Raises `ReplicasDiverged` naming the first variable whose copies differ."""
-    copies = (None if self._strategy_engine is None else self._strategy_engine.copies)
-    divergence.assert_in_sync(variables_to_check, self._mesh.local_replica_ids, copies)
+    divergence.assert_in_sync(variables_to_check, self._mesh.local_replica_ids,
+                              self._engine.copies)
 
   def shutdown(self):
     """Releases the devices; idempotent. `run` afterwards raises."""
     self._closed = True
     if self._peers is not None:
       self._peers.stop()
-    self._steps.clear()
+    self._engine.clear()
     self._inputs.clear()
-    if self._strategy_engine is not None:
-      self._strategy_engine.clear()
 
   def _check_open(self, method):
     if self._closed:

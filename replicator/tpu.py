@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from replicator import errors
 from replicator import base
-from replicator.engine import step_checks
 from replicator.mesh import Mesh
 from replicator.strategy_engine import engine as strategy_engine
 
@@ -120,24 +119,8 @@ class TpuReplicator(base.Replicator):
           f"TPU found has {cores} cores per host. Pass {cores}, or None to use "
           "them all.")
     devices = [d.split("/device:")[-1] for d in strategy.extended.worker_devices]
-    super().__init__(Mesh(devices=devices))
-    self._strategy_engine = strategy_engine.StrategyEngine(strategy, stand_in)
-
-  def _run_on_strategy(self, step_fn, input_fn, iterator, element_spec,
-                       steps: int, args):
-    """`run` on the strategy engine: one call of `steps` steps."""
-    try:
-      completed, outputs = self._strategy_engine.run(
-          step_fn, input_fn, iterator, element_spec, steps, args)
-    except tf.errors.OpError as error:
-      shapes = step_checks.output_shape_error(error, step_fn)
-      if shapes is not None:
-        raise shapes from error
-      raise
-    self._count_steps(input_fn, completed)
-    if completed < steps:
-      raise errors.InputExhausted(completed, outputs if completed else None)
-    return outputs
+    super().__init__(Mesh(devices=devices),
+                     engine=strategy_engine.StrategyEngine(strategy, stand_in))
 
   def _check_dataset(self, dataset, input_fn):
     name = errors.name_of(input_fn)

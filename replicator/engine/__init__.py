@@ -11,4 +11,7 @@
 - `steps`: `CompiledStep`, k steps of every replica in one call.
 - `interrupts`: SIGINT and SIGTERM end a call of several steps between two steps.
 - `divergence`: whether the copies still agree.
+- `generators`: `ReplicaGenerator`, a random generator per replica.
+- `engine`: `InGraphEngine`, what `Replicator` runs the steps on (the
+  interface `strategy_engine.StrategyEngine` shares).
 """

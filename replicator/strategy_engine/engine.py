@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from replicator.engine import step_checks
 from replicator.strategy_engine import steps as steps_lib
 from replicator.strategy_engine import variables
 
@@ -69,14 +70,26 @@ class StrategyEngine:
             experimental_fetch_to_device=False)))
 
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
-          element_spec, steps: int, args: Sequence[Any]):
-    """`(steps completed, outputs of the last)` of `steps` steps."""
+          element_spec, steps: int, args: Sequence[Any], *,
+          count: Callable[[int], None], uneven_batches: bool):
+    """`(steps completed, outputs of the last, False)`: as the in-graph
+    engine's `run`; a TPU's batches are never uneven (their shapes are fixed),
+    and nothing ends a call between its steps."""
+    del uneven_batches  # TpuReplicator refuses datasets of unknown shapes
     step = self._steps.get((step_fn, input_fn))
     if step is None:
       step = steps_lib.StrategyStep(step_fn, element_spec, self.strategy,
                                     self._creator, self._stand_in)
       self._steps[(step_fn, input_fn)] = step
-    return step(iterator, steps, args)
+    try:
+      completed, outputs = step(iterator, steps, args)
+    except tf.errors.OpError as error:
+      shapes = step_checks.output_shape_error(error, step_fn)
+      if shapes is not None:
+        raise shapes from error
+      raise
+    count(completed)
+    return completed, outputs, False
 
   def copies(self, variable) -> Sequence[tf.Variable]:
     """The local copies of `variable` (a variable this engine made)."""

@@ -1,0 +1,188 @@
+"""`InGraphEngine`: the replicas of a step traced into one graph, by the library.
+
+What `GpuReplicator`, `MultiGpuReplicator` and the TPU emulator run on. It has
+the interface of `strategy_engine.StrategyEngine` (where `tf.distribute` runs
+the steps), so that `Replicator` is written once over either: `created`,
+`scope`, `iterator`, `run`, `copies`, `random_generator` and `clear`.
+"""
+
+import contextlib
+import logging
+from typing import Any, Callable, ContextManager, Optional, Sequence
+
+import tensorflow as tf
+
+from replicator import errors
+from replicator.engine import creation
+from replicator.engine import generators
+from replicator.engine import interrupts
+from replicator.engine import step_checks
+from replicator.engine import steps as steps_lib
+from replicator.engine import variables
+from replicator.inputs import fetch
+from replicator.inputs import streams
+from replicator.multiworker import peers as peers_lib
+
+
+class InGraphEngine:
+  """Runs replicated steps as one graph with every local replica in it.
+
+  Args:
+    placement: each local replica's device.
+    replica_ids: each local replica's global id.
+    num_replicas: replicas on every worker together.
+    jit_compile: compile each step (all replicas) as one XLA computation;
+      `compiled_by` says so in the errors about ops XLA lacks.
+    workers: the `multiworker.cluster.CollectiveKeys` of several workers, else
+      None; `peers` (their `multiworker.peers.Peers`) and `steps_completed`
+      (the replicator's count, for their errors) come with it.
+    tracing: what holds while a step is traced (`patches.registry.while_tracing`).
+  """
+
+  def __init__(self, placement: Sequence[str], replica_ids: Sequence[int],
+               num_replicas: int, *, jit_compile: bool, compiled_by: str,
+               workers=None, peers: Optional[peers_lib.Peers] = None,
+               steps_completed: Callable[[], int] = lambda: 0,
+               tracing: Callable[[], ContextManager] = contextlib.nullcontext):
+    self._placement = tuple(placement)
+    self._replica_ids = tuple(replica_ids)
+    self._num_replicas = num_replicas
+    self._jit_compile = jit_compile
+    self._compiled_by = compiled_by
+    self._workers = workers
+    self._peers = peers
+    self._steps_completed = steps_completed
+    self._tracing = tracing
+    self.factory = creation.VariableFactory(self._placement)
+    # Several workers: what the chief's initial values still have to reach.
+    self._new_variables = (None if peers is None else peers_lib.NewVariables(
+        peers, self.factory.created, steps_completed))
+    self._steps = {}  # (step_fn, input_fn) -> CompiledStep
+
+  @property
+  def created(self):
+    """Every variable made in the scope or in a step, in creation order."""
+    return self.factory.created
+
+  def scope(self) -> ContextManager:
+    """Within, variables made are replicated (`repl.context()`)."""
+    return self.factory.scope()
+
+  def iterator(self, dataset: tf.data.Dataset):
+    """An iterator of `dataset`'s batches, one per local replica a step."""
+    return iter(dataset)
+
+  def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
+          element_spec, steps: int, args: Sequence[Any], *,
+          count: Callable[[int], None], uneven_batches: bool):
+    """`(steps completed, outputs of the last, whether batches were uneven)`.
+
+    `count(ran)` is called as steps complete, before the handlers of a signal
+    that ended the call run (`engine.interrupts`).
+    """
+    compiled = self._steps.get((step_fn, input_fn))
+    if compiled is None:
+      compiled = steps_lib.CompiledStep(
+          step_fn, element_spec, devices=self._placement,
+          first_replica_id=self._replica_ids[0], num_replicas=self._num_replicas,
+          factory=self.factory, jit_compile=self._jit_compile, workers=self._workers,
+          new_variables=self._new_variables, uneven_batches=uneven_batches,
+          tracing=self._tracing)
+      self._steps[(step_fn, input_fn)] = compiled
+      streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
+      streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
+    completed, outputs, status = self._run_counted(compiled, step_fn, input_fn,
+                                                   iterator, steps, args, count)
+    # Where the workers differ (without input, after the first step):
+    ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
+    if int(status) == fetch.STEPS_DIFFER:
+      raise ValueError(
+          f"steps: this worker called run({errors.name_of(step_fn)}, "
+          f"steps={steps}) and another worker asked for a different number of "
+          f"steps, so {ran}. Every worker must call run with the same "
+          "step_fn, input_fn and steps, in the same order.")
+    if int(status) == fetch.VARIABLES_DIFFER:
+      made = peers_lib.variable_kinds(compiled.variables_differ)
+      raise ValueError(
+          f"repl.context(): this worker made {len(made)} variable(s) since its "
+          f"last run ({peers_lib.listed(made)}) "
+          "and another worker other ones, so the chief's initial values cannot "
+          "be given to every worker and each keeps its own; of "
+          f"run({errors.name_of(step_fn)}, steps={steps}), {ran}. Every worker "
+          "must make the same variables in repl.context(), in the same order.")
+    uneven = completed < steps and int(status) == fetch.UNEVEN
+    if uneven:
+      logging.warning(
+          "replicator: run(%s, %s) stopped after %d step(s): the next step's "
+          "batches were not all the same size on every replica. %s",
+          errors.name_of(step_fn), errors.name_of(input_fn), completed,
+          errors.UNEVEN_BATCHES_FIX)
+    return completed, outputs, uneven
+
+  def _run_counted(self, compiled, step_fn, input_fn, iterator, steps: int, args,
+                   count):
+    """`compiled`'s `(completed, outputs, status)` for `steps` steps, counted.
+
+    SIGINT and SIGTERM end a call of several steps between two steps
+    (`engine.interrupts`; on several workers, every worker's at the same step,
+    and every worker handles the signal), and their handlers run once its
+    steps are counted. Where none raises (a handler that only takes note), the
+    remaining steps run in a further call, as Python retries a system call that
+    a signal interrupted (PEP 475). `outputs` are those of the last step that
+    ran (None if none did).
+    """
+    completed, outputs = 0, None
+    while True:
+      hold = interrupts.Hold(compiled.stop_flag) if steps - completed > 1 else None
+      signum = 0  # the signal that stopped the call, on this worker or another
+      try:
+        ran, last, status = self._call(compiled, step_fn, input_fn, iterator,
+                                       steps - completed, args, hold)
+        ran = int(ran)
+        count(ran)
+        signum = fetch.signal_of(int(status))
+      finally:
+        if hold is not None:
+          hold.release(also=signum)  # the signals' handlers run here
+      completed, outputs = completed + ran, last if ran else outputs
+      if not signum or completed == steps:
+        return completed, outputs, status
+
+  def _call(self, compiled, step_fn, input_fn, iterator, steps: int, args, hold):
+    """One call of `compiled`, its TensorFlow errors explained."""
+    try:
+      return compiled(iterator, steps, args, hold)
+    except step_checks.ProgramsDiffer:
+      del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
+      raise
+    except tf.errors.OpError as error:
+      unsupported = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
+                     if self._jit_compile else None)
+      if unsupported is not None:
+        raise unsupported from error
+      shapes = step_checks.output_shape_error(error, step_fn)
+      if shapes is not None:
+        raise shapes from error
+      if self._peers is not None:
+        self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
+      raise
+
+  def copies(self, variable) -> Sequence[tf.Variable]:
+    """The local copies of `variable` (a variable made in `scope` or a step)."""
+    inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
+    if isinstance(inner, variables.ReplicatedVariable):
+      variable = inner
+    if not isinstance(variable, variables.ReplicatedVariable):
+      raise TypeError(
+          f"variables: {getattr(variable, 'name', variable)!r} is not a "
+          "replicated variable; create it inside repl.context().")
+    return tuple(variable.replicas)
+
+  def random_generator(self, seed: int) -> generators.ReplicaGenerator:
+    """A generator per local replica, split from `seed` (`ReplicaGenerator`)."""
+    return generators.ReplicaGenerator(seed, self._replica_ids, self._num_replicas,
+                                       self._placement)
+
+  def clear(self):
+    """Drops the compiled steps (the replicator was shut down)."""
+    self._steps.clear()
