@@ -10,8 +10,9 @@ asked of `repl.context()` and `repl.run`, over goldens x replicators:
   replica's shard (for a module that normalizes over the global batch, the
   whole batch's, cut);
 - the gradient averaged over replicas is the one-device gradient of the mean
-  of the replicas' losses, and a wrapped `snt.optimizers.Momentum` (slots made
-  in the first step) steps as on one device;
+  of the replicas' losses, that mean (`repl.all_mean`) is the one-device loss,
+  and a wrapped `snt.optimizers.Momentum` (slots made in the first step) steps
+  as on one device;
 - every variable and slot is identical on every replica afterwards;
 - `tf.train.Checkpoint` round trips: the replicated module's checkpoint
   restores into a plain module whose variables are made after the restore
@@ -22,11 +23,10 @@ asked of `repl.context()` and `repl.run`, over goldens x replicators:
 Besides `goldens.GOLDENS`: `snt.BatchNorm`, which normalizes each replica's
 batch alone, and `replicator.nn.CrossReplicaBatchNorm`, the global batch.
 
-The whole product takes minutes on 2 cores: one replicator's column of each
-test runs by default, the others are marked slow.
-
-`test_goldens.py` checks SGD training (losses and trainable variables) and a
-`replicator.Checkpointer` round trip; this file checks what it does not.
+The replicators are the catalogue's and `GpuReplicator(jit_compile=True)`
+(one step compiled whole with XLA). The whole product takes minutes on 2
+cores: one replicator's column of each test is unmarked, the others are marked
+slow. `test_goldens.py` checks a `replicator.Checkpointer` round trip.
 """
 
 import dataclasses
@@ -100,10 +100,19 @@ CASES = [Case(golden) for golden in goldens.GOLDENS] + [
 ]
 
 
-def _replicators(fast):
-  """Every replicator of the catalogue, all but `fast` marked slow."""
+# The catalogue's replicators, and one step compiled whole with XLA.
+REPLICATORS = dict(catalogue.REPLICATORS, gpu_xla=(
+    lambda: replicator.GpuReplicator(device="/cpu:0", jit_compile=True), 1))
+
+
+def _replicators(fast, names=tuple(catalogue.REPLICATORS)):
+  """The replicators `names`, all but `fast` marked slow."""
   return [pytest.param(name, marks=() if name == fast else pytest.mark.slow)
-          for name in sorted(catalogue.REPLICATORS)]
+          for name in sorted(names)]
+
+
+def _compiles_with_xla(replicator_name) -> bool:
+  return catalogue.runs_xla(replicator_name) or replicator_name == "gpu_xla"
 
 
 MAIN_FAST = "multi_gpu_2"
@@ -121,7 +130,7 @@ def _dense(gradients):
 
 
 def _oracle(case, num_replicas, jit_compile, inputs):
-  """One device, no replicator: `(module, slots, [(outputs, grads)] per step)`.
+  """One device, no replicator: `(module, slots, [(outputs, grads, loss)] per step)`.
 
   The module is built in a `tf.function`, where Sonnet's seeded initializers
   draw what they draw in a replicator's step (eagerly, each call draws anew).
@@ -147,7 +156,7 @@ def _oracle(case, num_replicas, jit_compile, inputs):
     for grad, variable, slot in zip(grads, variables, slots):
       slot.assign(MOMENTUM * slot + grad)
       variable.assign_sub(LEARNING_RATE * slot)
-    return outputs, grads
+    return outputs, grads, loss
 
   if jit_compile:  # eagerly otherwise: a trace costs more than the steps
     step = tf.function(step, jit_compile=True)
@@ -206,18 +215,19 @@ def _assert_all_close(got, want, what, rtol=2e-5):
                                err_msg=f"{what} {index}")
 
 
-@pytest.mark.parametrize("replicator_name", _replicators(MAIN_FAST))
+@pytest.mark.parametrize("replicator_name", _replicators(MAIN_FAST, REPLICATORS))
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_golden_conforms_on_every_replica(case, replicator_name, tmp_path):
-  """Made lazily; outputs, mean gradients and two Momentum steps as on one
-  device; in sync; tf.train.Checkpoint to a plain module and back."""
+  """Made lazily; outputs, mean gradients, the mean loss and two Momentum
+  steps as on one device; in sync; tf.train.Checkpoint to a plain module and
+  back."""
   golden = case.golden
-  repl = catalogue.make(replicator_name)
+  repl = REPLICATORS[replicator_name][0]()
   n = repl.num_replicas
   inputs = golden.inputs(GLOBAL_BATCH)
   # XLA rounds (and Sonnet's UnrolledLSTM computes) differently: the oracle
   # is compiled as the replicator compiles.
-  jit_compile = catalogue.runs_xla(replicator_name)
+  jit_compile = _compiles_with_xla(replicator_name)
   oracle, oracle_slots, oracle_steps = _oracle(case, n, jit_compile, inputs)
 
   with repl.context():
@@ -235,13 +245,13 @@ def test_golden_conforms_on_every_replica(case, replicator_name, tmp_path):
     variables = module.trainable_variables
     grads = _dense(tape.gradient(loss, variables))
     optimizer.apply(grads, variables)
-    return {"output": output, "grads": repl.all_mean(grads)}
+    return {"output": output, "grads": repl.all_mean(grads), "loss": repl.all_mean(loss)}
 
   def input_fn(ctx):
     return tf.data.Dataset.from_tensor_slices(inputs).batch(
         ctx.per_replica_batch_size(GLOBAL_BATCH), drop_remainder=True).repeat()
 
-  for step, (want_outputs, want_grads) in enumerate(oracle_steps):
+  for step, (want_outputs, want_grads, want_loss) in enumerate(oracle_steps):
     got = repl.run(step_fn, input_fn)
     if step == 0:  # made in the first run, as one device makes them
       assert _kinds(module.variables) == _kinds(oracle.variables)
@@ -251,6 +261,8 @@ def test_golden_conforms_on_every_replica(case, replicator_name, tmp_path):
     for r in range(n):
       _assert_all_close([g[r] for g in got["grads"]], want_grads,
                         f"step {step}, replica {r}: the mean gradient of variable")
+    np.testing.assert_allclose(got["loss"].numpy(), [float(want_loss)] * len(got["loss"]),
+                               rtol=2e-5, err_msg=f"step {step}: the mean loss")
   _assert_all_close(module.trainable_variables, oracle.trainable_variables,
                     "after training: variable")
   _assert_all_close(optimizer.optimizer.variables, oracle_slots,
