@@ -1,33 +1,22 @@
 """Whether the copies of replicated variables still agree, bit for bit."""
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import tensorflow as tf
 
 from replicator import errors
-from replicator.engine import variables
 
 
 def assert_in_sync(variables_to_check, replica_ids: Sequence[int],
-                   copies_of: Optional[Callable] = None):
+                   copies_of: Callable):
   """Raises `ReplicasDiverged` naming the first variable whose copies differ.
 
   `replica_ids`: the global ids of the replicas that hold the local copies.
-  `copies_of(variable)`: its copies, where another engine made it.
+  `copies_of(variable)`: its local copies, from the engine that made it
+  (raising where it is not a replicated variable).
   """
   for variable in tf.nest.flatten(variables_to_check):
-    if copies_of is not None:
-      _compare(variable.name, [_checksum(c) for c in copies_of(variable)], replica_ids)
-      continue
-    inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
-    if isinstance(inner, variables.ReplicatedVariable):
-      variable = inner
-    if not isinstance(variable, variables.ReplicatedVariable):
-      raise TypeError(
-          f"variables: {getattr(variable, 'name', variable)!r} is not a "
-          "replicated variable; create it inside repl.context().")
-    _compare(variable.name, [_checksum(copy) for copy in variable.replicas],
-             replica_ids)
+    _compare(variable.name, [_checksum(c) for c in copies_of(variable)], replica_ids)
 
 
 def _compare(name: str, sums, replica_ids):
