@@ -5,14 +5,18 @@ import signal
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+import catalogue
+import replicator
 from replicator import launch
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "launch_scripts")
 FAKE = os.path.join(SCRIPTS, "fake_worker.py")  # no TensorFlow: starts in a moment
-# The multi-worker resume tests' worker: it also dies on the first attempt only.
+# A training worker that checkpoints, and dies on the job's first attempt when told.
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker", "resume.py")
 # As in tests/multiworker: a time limit on a subprocess only guards against a
 # hang. A launcher with workers that do not use TensorFlow ends in seconds, a
@@ -267,11 +271,13 @@ def test_launcher_stops_its_workers_on_sigterm_and_refuses_bad_arguments(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_job_restarted_after_a_kill_ends_like_an_uninterrupted_one(tmp_path):
-  """2 workers train with a checkpoint every 2 steps; worker 1 kills itself at
-  step 3 of the first attempt; the job restarts, resumes from step 2, and ends
-  with the variables and Adam slots of a run that was never interrupted."""
-  options = ("--workers", "2", "--devices-per-worker", "1", "--max-restarts", "1")
+def test_a_job_restarted_after_a_kill_ends_like_an_uninterrupted_one_and_restores_anywhere(
+    tmp_path):
+  """2 workers of 2 devices train with a checkpoint every 2 steps; worker 1
+  kills itself at step 3 of the first attempt; the job restarts, resumes from
+  step 2, and ends with the variables and Adam slots of a run that was never
+  interrupted. That run's 2 x 2 checkpoint restores on 1 x 1 and 1 x 4."""
+  options = ("--workers", "2", "--devices-per-worker", "2", "--max-restarts", "1")
   for run in ("straight", "restarted"):
     (tmp_path / run).mkdir()
   code, out, err = _launch(*options, script=TRAIN, command=[
@@ -298,8 +304,29 @@ def test_a_job_restarted_after_a_kill_ends_like_an_uninterrupted_one(tmp_path):
             f"[launch] ---- restart 1 of 1 (REPLICATOR_RESTART_COUNT=1) after {reason} ----\n",
             "attempt 1: starting at step 2\n", "attempt 1: done\n")
 
-  straight = np.load(tmp_path / "straight" / "worker0.npz")  # the chief's
-  restarted = np.load(tmp_path / "restarted" / "worker0.npz")
-  assert sorted(restarted.files) == sorted(straight.files) and len(straight.files) > 4
-  for key in straight.files:
-    np.testing.assert_allclose(restarted[key], straight[key], rtol=0, atol=1e-6, err_msg=key)
+  straight = dict(np.load(tmp_path / "straight" / "worker0.npz"))  # the chief's
+  restarted = dict(np.load(tmp_path / "restarted" / "worker0.npz"))
+  assert sorted(restarted) == sorted(straight) and len(straight) > 4
+  for key, want in straight.items():
+    np.testing.assert_allclose(restarted[key], want, rtol=0, atol=1e-6, err_msg=key)
+
+  # The 2 x 2 checkpoint restores on 1 x 1 and 1 x 4: identical variables and slots.
+  for name in ("gpu", "multi_gpu_4"):
+    repl = catalogue.make(name)
+    with repl.context():
+      model = catalogue.mlp()
+      optimizer = repl.wrap_optimizer(keras.optimizers.Adam(1e-2))
+    checkpointer = replicator.Checkpointer(tmp_path / "ckpt_straight", model=model,
+                                           optimizer=optimizer.optimizer)
+    assert checkpointer.restore_latest() == 6
+    repl.run(lambda x: model(x), args=(tf.zeros([2, 8]),))  # pylint: disable=unnecessary-lambda,cell-var-from-loop
+    with repl.context():
+      optimizer.optimizer.build(model.trainable_variables)
+    checkpointer.restore_latest()  # slots made after the first restore
+    state = list(model.variables) + list(optimizer.optimizer.variables)
+    assert len(state) == len(straight)
+    for i, variable in enumerate(state):
+      replicated = getattr(variable, "replicas", None) or variable.value.replicas
+      for copy in replicated:
+        np.testing.assert_array_equal(copy.numpy(), straight[f"s{i}"])
+    repl.shutdown()

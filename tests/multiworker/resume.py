@@ -1,7 +1,7 @@
-"""A worker of the resume and restart tests: trains with checkpoints; can die mid-way.
+"""A worker of the launcher's restart test: trains with checkpoints; can die mid-way.
 
   python -m replicator.launch --workers 2 --devices-per-worker 2 [--max-restarts 1] -- \
-      python tests/multiworker/resume.py --out DIR --ckpt DIR [--die_at 5]
+      python tests/multiworker/resume.py --out DIR --ckpt DIR [--die_at 3]
 
 Worker 1 kills itself at step `--die_at` on the job's first attempt only (the
 launcher's REPLICATOR_RESTART_COUNT), so a restarted job runs to the end. Every

@@ -410,54 +410,6 @@ def test_a_survivor_held_back_names_the_lost_worker_not_the_one_that_left(tmp_pa
     assert "worker 2 (127.0.0.1:" in line and "after step 0" in line, line
 
 
-def _launch_resume(out, ckpt, *extra):
-  out.mkdir(exist_ok=True)
-  script = os.path.join(os.path.dirname(__file__), "resume.py")
-  command = [sys.executable, "-m", "replicator.launch", "--workers", "2",
-             "--devices-per-worker", "2", "--tee", "all", "--", sys.executable, script,
-             "--out", str(out), "--ckpt", str(ckpt), *extra]
-  done = subprocess.run(command, capture_output=True, text=True, timeout=HANG_S)
-  return done.returncode, done.stdout + done.stderr
-
-
-@pytest.mark.slow
-def test_resume_after_a_kill_equals_an_uninterrupted_run_and_restores_anywhere(tmp_path):
-  code, log = _launch_resume(tmp_path / "straight", tmp_path / "ckpt_straight")
-  assert code == 0, log
-  straight = dict(np.load(tmp_path / "straight" / "worker0.npz"))
-
-  code, log = _launch_resume(tmp_path / "killed", tmp_path / "ckpt", "--die_at", "5")
-  assert code != 0 and "worker 1 exited with code" in log, log
-  code, log = _launch_resume(tmp_path / "resumed", tmp_path / "ckpt")
-  assert code == 0 and "starting at step 4" in log, log
-  resumed = dict(np.load(tmp_path / "resumed" / "worker0.npz"))
-  for key, want in straight.items():
-    np.testing.assert_allclose(resumed[key], want, rtol=0, atol=1e-6, err_msg=key)
-
-  # The 2 x 2 checkpoint restores on 1 x 1 and 1 x 4: identical variables and slots.
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import replicator  # pylint: disable=g-import-not-at-top
-  for name in ("gpu", "multi_gpu_4"):
-    repl = catalogue.make(name)
-    with repl.context():
-      model = catalogue.mlp()
-      optimizer = repl.wrap_optimizer(keras.optimizers.Adam(1e-2))
-    checkpointer = replicator.Checkpointer(tmp_path / "ckpt_straight", model=model,
-                                           optimizer=optimizer.optimizer)
-    assert checkpointer.restore_latest() == 10
-    repl.run(lambda x: model(x), args=(tf.zeros([2, 8]),))
-    with repl.context():
-      optimizer.optimizer.build(model.trainable_variables)
-    checkpointer.restore_latest()  # slots made after the first restore
-    state = list(model.variables) + list(optimizer.optimizer.variables)
-    assert len(state) == len(straight)
-    for i, variable in enumerate(state):
-      replicated = getattr(variable, "replicas", None) or variable.value.replicas
-      for copy in replicated:
-        np.testing.assert_array_equal(copy.numpy(), straight[f"s{i}"])
-
-
 def test_synchronized_batch_norm_between_workers_merges_its_averages_at_the_end():
   """Workers (whose kernels may round differently on another CPU) each combine
   the gathered statistics themselves, so the moving averages are merged, at
