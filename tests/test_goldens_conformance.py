@@ -81,11 +81,14 @@ class Case:
 
   `plain` makes the one-device module (default: the golden's own); with
   `whole_batch` it is applied to the global batch and its output cut into the
-  replicas' shards, else applied to each shard alone.
+  replicas' shards, else applied to each shard alone. `by_replica_count`: its
+  numbers depend on how many replicas share the global batch (a batch norm's
+  statistics), so it runs on 4 replicas too.
   """
   golden: goldens.Golden
   plain: Optional[Callable] = None
   whole_batch: bool = False
+  by_replica_count: bool = False
 
   @property
   def name(self):
@@ -97,9 +100,10 @@ class Case:
 
 CASES = [Case(golden) for golden in goldens.GOLDENS] + [
     # snt.BatchNorm normalizes each replica's batch by its own statistics.
-    Case(goldens.Golden("snt.BatchNorm per replica", _batch_norm, _vectors)),
+    Case(goldens.Golden("snt.BatchNorm per replica", _batch_norm, _vectors),
+         by_replica_count=True),
     Case(goldens.Golden("replicator.nn.CrossReplicaBatchNorm", _cross_replica_batch_norm,
-                        _vectors), plain=_batch_norm, whole_batch=True),
+                        _vectors), plain=_batch_norm, whole_batch=True, by_replica_count=True),
 ]
 
 
@@ -108,9 +112,7 @@ REPLICATORS = dict(catalogue.REPLICATORS, gpu_xla=(
     lambda: replicator.GpuReplicator(device="/cpu:0", jit_compile=True), 1))
 
 
-# The cases whose numbers depend on how many replicas share the global batch.
-BY_REPLICA_COUNT = ("snt.BatchNorm per replica", "replicator.nn.CrossReplicaBatchNorm")
-FOUR = "multi_gpu_4"
+FOUR = "multi_gpu_4"  # where only the cases `by_replica_count` run
 
 
 def _cases_by_replicator(fast, names=tuple(catalogue.REPLICATORS)):
@@ -119,7 +121,7 @@ def _cases_by_replicator(fast, names=tuple(catalogue.REPLICATORS)):
   return [pytest.param(case, name, id=f"{case.name}-{name}",
                        marks=() if name == fast else pytest.mark.slow)
           for case in CASES for name in sorted(names)
-          if name != FOUR or case.name in BY_REPLICA_COUNT]
+          if name != FOUR or case.by_replica_count]
 
 
 def _compiles_with_xla(replicator_name) -> bool:

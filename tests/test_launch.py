@@ -319,7 +319,7 @@ def test_a_job_restarted_after_a_kill_ends_like_an_uninterrupted_one_and_restore
     checkpointer = replicator.Checkpointer(tmp_path / "ckpt_straight", model=model,
                                            optimizer=optimizer.optimizer)
     assert checkpointer.restore_latest() == 6
-    repl.run(lambda x: model(x), args=(tf.zeros([2, 8]),))  # pylint: disable=unnecessary-lambda,cell-var-from-loop
+    repl.run(lambda x: model(x), args=(tf.zeros([2, 8]),))  # pylint: disable=cell-var-from-loop
     with repl.context():
       optimizer.optimizer.build(model.trainable_variables)
     checkpointer.restore_latest()  # slots made after the first restore
