@@ -3,6 +3,7 @@
 import contextlib
 import itertools
 
+import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
@@ -69,3 +70,128 @@ class _StandIn(snt.distribute.Replicator):
     # a step's tf.function may hold collectives too); MirroredStrategy makes
     # them merge_calls on CPUs, which a nested tf.function cannot hold.
     self.extended._use_merge_call = lambda: False
+
+
+def tpu_engine_on_fake_tpu(num_cores: int = 8, num_hosts: int = 1):
+  """A `TpuReplicator` on TensorFlow's real `TPUStrategy`, over a fake TPU.
+
+  The TPU exists only as metadata (`FakeTpuResolver`): no TPU, no TPU
+  kernels. `TPUStrategy` and Sonnet's `TpuReplicator` are built on it as on a
+  Colab TPU, its variables are real `TPUDistributedVariable`s (packed, with
+  the TPU's variable policies), and `run` traces the whole call exactly as
+  the TPU's host would: the loop of `steps`, `strategy.run` inside the TPU's
+  replicate context, every collective as `cross_replica_sum`, the merges of
+  every write, the optimizer. It then returns zeros of the traced shapes and
+  dtypes instead of executing (executing needs the TPU's kernels:
+  `TPUReplicatedInput` has none on a CPU), so the values that come back,
+  and the variables after a step, say nothing.
+
+  What a trace shows: a step a TPU's host cannot build (a dtype
+  `cross_replica_sum` refuses, a gradient lost in `TPUStrategy`'s variables,
+  a call TPUStrategy forbids in its replicate context). What it cannot
+  show: the TPU compiler's verdict (a dynamic shape, an op with no TPU
+  kernel), memory, numerics and execution; `tpu_engine_on_cpus` executes
+  the same engine, and `python -m benchmarks.tpu_check` checks it on a TPU.
+
+  Args:
+    num_cores: TPU cores per host (1, 2, 4 or 8).
+    num_hosts: TPU hosts (a pod slice when more than 1).
+
+  >>> repl = tpu_engine_on_fake_tpu(8)
+  >>> repl.num_replicas
+  8
+  """
+  strategy = snt.distribute.TpuReplicator(
+      FakeTpuResolver(num_cores=num_cores, num_hosts=num_hosts))
+  repl = tpu.TpuReplicator.__new__(tpu.TpuReplicator)
+  repl._on_strategy(strategy, stand_in=False, num_workers=num_hosts,  # pylint: disable=protected-access
+                    trace_only=True)
+  return repl
+
+
+# Core coordinates (x, y, z, core) of one TPU v2/v3 host's 8 cores, in
+# device order; hosts of a pod slice stack along y.
+_HOST_COORDINATES = [(0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1),
+                     (0, 1, 0, 0), (0, 1, 0, 1), (1, 1, 0, 0), (1, 1, 0, 1)]
+
+
+class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
+  """A `TPUClusterResolver` of a TPU that exists only as metadata.
+
+  `TPUStrategy` asks a resolver for the TPU system's metadata (cores, hosts,
+  topology, devices); this one answers with a TPU v2/v3's, without
+  connecting to anything or initializing a TPU.
+
+  Args:
+    num_cores: cores per host (1, 2, 4 or 8).
+    num_hosts: hosts, each with `num_cores` cores (more than one: a pod
+      slice, its hosts as workers of the job "worker").
+  """
+
+  def __init__(self, num_cores: int = 8, num_hosts: int = 1):  # pylint: disable=super-init-not-called
+    if num_cores not in (1, 2, 4, 8):
+      raise ValueError(f"num_cores: {num_cores!r} is not a TPU host size; use "
+                       "1, 2, 4 or 8.")
+    if not isinstance(num_hosts, int) or isinstance(num_hosts, bool) or num_hosts < 1:
+      raise ValueError(f"num_hosts: expected an int >= 1, got {num_hosts!r}.")
+    self._num_cores = num_cores
+    self._num_hosts = num_hosts
+
+  def _job(self):
+    return "localhost" if self._num_hosts == 1 else "worker"
+
+  def get_tpu_system_metadata(self):
+    # pylint: disable=import-outside-toplevel
+    from tensorflow.python.client import session
+    from tensorflow.python.tpu import topology as topology_lib
+    from tensorflow.python.tpu import tpu_system_metadata
+    cores, hosts = self._num_cores, self._num_hosts
+    used = _HOST_COORDINATES[:cores]
+    mesh = [max(c[i] for c in used) + 1 for i in range(4)]
+    coordinates = np.array(
+        [[(x, y + host * mesh[1], z, core) for x, y, z, core in used]
+         for host in range(hosts)], np.int32)
+    mesh[1] *= hosts
+    topology = topology_lib.Topology(mesh_shape=mesh,
+                                     device_coordinates=coordinates)
+    devices = []
+    for host in range(hosts):
+      task = f"/job:{self._job()}/replica:0/task:{host}"
+      devices += [session._DeviceAttributes(f"{task}/device:TPU:{i}", "TPU", 0, 0)  # pylint: disable=protected-access
+                  for i in range(cores)]
+      devices.append(session._DeviceAttributes(f"{task}/device:CPU:0", "CPU", 0, 0))  # pylint: disable=protected-access
+    return tpu_system_metadata.TPUSystemMetadata(
+        num_cores=cores * hosts, num_hosts=hosts, num_of_cores_per_host=cores,
+        topology=topology, devices=devices)
+
+  def master(self, task_type=None, task_id=None, rpc_layer=None):
+    del task_type, task_id, rpc_layer
+    return ""
+
+  def get_master(self):
+    return ""
+
+  def cluster_spec(self):
+    if self._num_hosts == 1:
+      return tf.train.ClusterSpec({})
+    return tf.train.ClusterSpec({"worker": [f"fake-tpu-host-{h}:8470"
+                                            for h in range(self._num_hosts)]})
+
+  def get_job_name(self):
+    return self._job() if self._num_hosts > 1 else None
+
+  @property
+  def task_type(self):
+    return None
+
+  @property
+  def task_id(self):
+    return 0
+
+  @property
+  def environment(self):
+    return ""
+
+  def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+    del task_type, task_id, config_proto
+    return {"TPU": self._num_cores}

@@ -64,6 +64,11 @@ class TpuReplicator(base.Replicator):
     tpu: TPU name or address; None tries `TPU_NAME`, `COLAB_TPU_ADDR`, then
       `'local'` (a TPU VM, a current Colab runtime).
     emulate_on_cpu: run on the CPU with TPU semantics.
+    strategy: a `tf.distribute.TPUStrategy` you built (a custom device
+      assignment, a TPU system you initialized, Sonnet's `TpuReplicator`):
+      used as it is, with nothing connected or initialized again. Leave
+      `tpu` and `emulate_on_cpu` out; `num_workers` and
+      `num_tpu_cores_per_worker`, if given, must match it.
   """
 
   _compiled_by = ("a TPU step is one XLA computation (the emulator compiles it "
@@ -71,12 +76,17 @@ class TpuReplicator(base.Replicator):
 
   def __init__(self, num_workers: int = 1,
                num_tpu_cores_per_worker: Optional[int] = None,
-               tpu: Optional[str] = None, emulate_on_cpu: bool = False):
+               tpu: Optional[str] = None, emulate_on_cpu: bool = False,
+               strategy: Optional[tf.distribute.Strategy] = None):
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
       raise ValueError(f"num_workers: expected an int >= 1 (TPU hosts), got "
                        f"{num_workers!r}.")
     if num_tpu_cores_per_worker is not None:
       _check_cores(num_tpu_cores_per_worker)
+    if strategy is not None:
+      self._from_strategy(strategy, tpu, emulate_on_cpu, num_workers,
+                          num_tpu_cores_per_worker)
+      return
     if emulate_on_cpu:
       if num_workers != 1:
         raise ValueError(
@@ -103,8 +113,24 @@ class TpuReplicator(base.Replicator):
     self._on_strategy(strategy, stand_in=False, num_workers=num_workers,
                       num_tpu_cores_per_worker=num_tpu_cores_per_worker)
 
+  def _from_strategy(self, strategy, tpu, emulate_on_cpu, num_workers,
+                     num_tpu_cores_per_worker):
+    if tpu is not None or emulate_on_cpu:
+      given = "tpu" if tpu is not None else "emulate_on_cpu"
+      raise ValueError(
+          f"{given}: given together with strategy=; a strategy already says "
+          f"which TPU it runs on. Pass one of them, not both.")
+    if not isinstance(strategy, tf.distribute.TPUStrategy):
+      raise TypeError(
+          f"strategy: expected a tf.distribute.TPUStrategy (or Sonnet's "
+          f"snt.distribute.TpuReplicator), got {type(strategy).__name__}. For "
+          "GPUs and CPUs use MultiGpuReplicator, which needs no strategy.")
+    self._on_strategy(strategy, stand_in=False, num_workers=num_workers,
+                      num_tpu_cores_per_worker=num_tpu_cores_per_worker)
+
   def _on_strategy(self, strategy, stand_in: bool, num_workers: int = 1,
-                   num_tpu_cores_per_worker: Optional[int] = None):
+                   num_tpu_cores_per_worker: Optional[int] = None,
+                   trace_only: bool = False):
     """Runs this replicator's steps on `strategy` (the strategy engine)."""
     hosts = _hosts(strategy)
     cores = strategy.num_replicas_in_sync // max(hosts, 1)
@@ -120,7 +146,8 @@ class TpuReplicator(base.Replicator):
           "them all.")
     devices = [d.split("/device:")[-1] for d in strategy.extended.worker_devices]
     super().__init__(Mesh(devices=devices),
-                     engine=strategy_engine.StrategyEngine(strategy, stand_in))
+                     engine=strategy_engine.StrategyEngine(strategy, stand_in,
+                                                          trace_only=trace_only))
 
   def _check_dataset(self, dataset, input_fn):
     name = errors.name_of(input_fn)

@@ -18,6 +18,8 @@ from typing import Optional
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from replicator.collectives import wire
+
 
 def across_workers(value: tf.Tensor, merge_op: str, workers,
                    instance_key: Optional[int] = None,
@@ -66,8 +68,7 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   return total
 
 
-_REDUCED_WIDER = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32,
-                  tf.int16: tf.int32, tf.uint16: tf.int32, tf.uint32: tf.int64}
+_REDUCED_WIDER = wire.REDUCED_WIDER
 
 
 def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
@@ -168,8 +169,8 @@ def min_and_max_across_workers(value: tf.Tensor, workers,
   return both[0], -both[1]
 
 
-_GATHERED_AS_INT32 = (tf.bool, tf.int8, tf.uint8, tf.int16, tf.uint16)
-_GATHERED_AS_BITS = {tf.uint32: tf.int32, tf.uint64: tf.int64}
+_GATHERED_AS_INT32 = wire.GATHERED_AS_INT32
+_GATHERED_AS_BITS = wire.GATHERED_AS_BITS
 
 
 def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:

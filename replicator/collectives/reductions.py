@@ -15,6 +15,7 @@ from tensorflow.python.ops import nccl_ops
 
 from replicator.collectives import between_workers
 from replicator.collectives import packing
+from replicator.collectives import wire
 from replicator.collectives.reduce_options import AllReduceOptions
 from replicator.collectives.reduce_options import check_reducible
 from replicator.collectives.reduce_options import ReduceOp
@@ -34,8 +35,7 @@ def dense(value):
   return value
 
 
-# What TensorFlow's NcclAllReduce takes (not bfloat16).
-_NCCL_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+_NCCL_DTYPES = wire.CARRIES[wire.NCCL]
 
 
 def _gpus_split() -> bool:

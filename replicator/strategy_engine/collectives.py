@@ -3,8 +3,11 @@
 `collectives.in_step` checks the arguments and flattens the nests, as for the
 in-graph engine, and hands the flat tensors to the `StrategyReplica` entered on
 the tracing thread. Sums and means are `ReplicaContext.all_reduce` (on a TPU,
-one cross-replica sum); maxima and minima reduce an `all_gather`; a broadcast
-is the sum of the source's value and zeros. Their gradients are TensorFlow's
+one cross-replica sum); a gather is each replica's words at its place among
+zeros, summed; maxima and minima reduce a gather; a broadcast is the sum of
+the source's words and zeros. Dtypes that a TPU's sum does not take travel
+as `collectives.wire` encodes them, on the stand-in too, so the suite runs
+what a TPU traces. Their gradients are TensorFlow's
 (the gradient of a sum over replicas is the sum of the upstream gradients;
 of a gather, this replica's rows of their sum), as the in-graph engine's.
 """
@@ -15,6 +18,7 @@ import tensorflow as tf
 
 from replicator.collectives import gathering
 from replicator.collectives import reduce_options
+from replicator.collectives import wire
 
 ReduceOp = reduce_options.ReduceOp
 
@@ -61,17 +65,15 @@ class StrategyReplica:
     if self.alone or self.num_replicas == 1:
       return [tf.identity(x) for x in flat]
     if op in (ReduceOp.MAX, ReduceOp.MIN):
-      reduce = tf.reduce_max if op is ReduceOp.MAX else tf.reduce_min
-      every = self._gather(_own([tf.expand_dims(_numeric(x), 0) for x in flat]), 0)
-      return [_restore(reduce(e, axis=0), x) for e, x in zip(every, flat)]
+      every = self._gather([tf.expand_dims(x, 0) for x in flat], 0)
+      return [_REDUCE[op, e.dtype == tf.bool](e, axis=0) for e in every]
     travel = options.compression.value
     sent = [tf.cast(x, travel) if travel is not None and x.dtype.is_floating
             and x.dtype.size > travel.size else x for x in flat]
     tf_op = (tf.distribute.ReduceOp.MEAN if op is ReduceOp.MEAN
              else tf.distribute.ReduceOp.SUM)
     reduced = _without_complex(_own(sent), lambda parts: _by_dtype(
-        parts, lambda group: tf.distribute.get_replica_context().all_reduce(
-            tf_op, group)))
+        parts, lambda group: _sums(group, tf_op)))
     return [tf.cast(r, x.dtype) for r, x in zip(reduced, flat)]
 
   def all_gather(self, flat: List[tf.Tensor], axis: int) -> List[tf.Tensor]:
@@ -80,52 +82,74 @@ class StrategyReplica:
       return [tf.concat([part] * self.num_replicas, axis) for part in parts]
     if self.num_replicas == 1:
       return [tf.identity(part) for part in parts]
-    gathered = _without_complex([_numeric(p) for p in parts],
-                                lambda real: self._gather(_own(real), axis))
-    return [_restore(g, p) for g, p in zip(gathered, parts)]
+    return self._gather(parts, axis)
 
   def broadcast(self, flat: List[tf.Tensor], source_replica: int) -> List[tf.Tensor]:
     if self.alone or self.num_replicas == 1:
       return [tf.identity(x) for x in flat]
     is_source = tf.equal(self.replica_id(), source_replica)
-    sent = [_numeric(x) for x in flat]
-    sent = [tf.where(is_source, x, tf.zeros_like(x)) for x in sent]
-    summed = _without_complex(sent, lambda parts: _by_dtype(
-        parts, lambda group: tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, group)))
-    return [_restore(s, x) for s, x in zip(summed, flat)]
+    results = wire.broadcast_words(flat, is_source, _sum_words)
+    # The gradient of the source's value is the sum of every replica's
+    # upstream gradient; the others' values get none.
+    return [_with_gradient(x, result, lambda upstream, s=is_source: tf.where(
+        s, _sum_words([upstream])[0], tf.zeros_like(upstream)))
+            for x, result in zip(flat, results)]
 
   def _gather(self, flat, axis):
-    context = tf.distribute.get_replica_context()
-    try:
-      return _by_dtype(flat, lambda group: context.all_gather(group, axis))
-    except RuntimeError as error:
-      if "merge_call" not in str(error):
-        raise
-    # A strategy whose gather is a merge_call (MirroredStrategy, the stand-in),
-    # inside a tf.function of step_fn: each replica's rows at their place among
-    # zeros, summed (static shapes, as on a TPU).
-    replica_id = self.replica_id()
-    gathered = []
+    """Each replica's rows at their place among zeros, summed as 32-bit
+    words (`wire.gather_words`): exact for every dtype, where a TPU's own
+    gather (a one-hot mask times the value) turns inf into NaN, and with no
+    merge_call (the stand-in's gather is one)."""
     for x in flat:
-      rank = x.shape.rank
-      axis_ = axis % rank
-      size = x.shape[axis_]
-      before = replica_id * size
-      paddings = [[0, 0]] * rank
-      paddings[axis_] = [before, (self.num_replicas - 1) * size - before]
-      gathered.append(tf.pad(x, paddings))
-    return _by_dtype(gathered, lambda group: context.all_reduce(
-        tf.distribute.ReduceOp.SUM, group))
+      if not x.shape.is_fully_defined():
+        raise ValueError(
+            f"value: all_gather on a TPU needs static shapes, got {x.shape}; "
+            "give the tensor a fixed shape (pad it, or tf.ensure_shape).")
+    replica_id = self.replica_id()
+    results = wire.gather_words(flat, replica_id, self.num_replicas, axis, _sum_words)
+
+    def own_rows(upstream, x):  # this replica's rows of the upstream sum
+      axis_ = axis % x.shape.rank
+      begin = [0] * x.shape.rank
+      begin[axis_] = replica_id * x.shape[axis_]
+      return tf.slice(_sum_words([upstream])[0], tf.stack(begin), x.shape)
+    return [_with_gradient(x, result, lambda upstream, x=x: own_rows(upstream, x))
+            for x, result in zip(flat, results)]
 
 
-def _numeric(x: tf.Tensor) -> tf.Tensor:
-  """Booleans travel as int32 (no all-reduce takes them)."""
-  return tf.cast(x, tf.int32) if x.dtype == tf.bool else x
+def _with_gradient(x, result, gradient):
+  """`result` (computed from `x`'s bits), whose gradient with respect to
+  `x` is `gradient(upstream)`; not differentiable for other dtypes."""
+  if not (x.dtype.is_floating or x.dtype.is_complex):
+    return result
+
+  @tf.custom_gradient
+  def collective(value):
+    del value
+    return tf.identity(result), gradient
+  return collective(x)
 
 
-def _restore(value: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
-  return tf.cast(value, tf.bool) if like.dtype == tf.bool else value
+# Maxima and minima of a gather; of booleans: any, every.
+_REDUCE = {(ReduceOp.MAX, False): tf.reduce_max, (ReduceOp.MIN, False): tf.reduce_min,
+           (ReduceOp.MAX, True): tf.reduce_any, (ReduceOp.MIN, True): tf.reduce_all}
+
+
+def _sum_words(flat):
+  """One sum of int32 tensors (words) over the replicas."""
+  return _by_dtype(flat, lambda group: tf.distribute.get_replica_context().all_reduce(
+      tf.distribute.ReduceOp.SUM, group))
+
+
+def _sums(group, tf_op):
+  """The sums (or means) over replicas of `group`, one dtype, each exact in
+  a form `cross_replica_sum` takes (`wire.exact_sum`)."""
+  context = tf.distribute.get_replica_context()
+  if wire.carried(wire.TPU_SUM, group[0].dtype) or not group[0].dtype.is_integer:
+    return context.all_reduce(tf_op, group)
+  return [wire.exact_sum(x, wire.TPU_SUM,
+                         lambda wide: context.all_reduce(tf.distribute.ReduceOp.SUM, wide))
+          for x in group]
 
 
 def _own(flat):

@@ -26,11 +26,16 @@ class StrategyEngine:
     stand_in: the strategy stands in for a TPU's on CPUs: each step is
       compiled with XLA before its first run (a TPU compiles it anyway), and
       the inputs are fed per replica (`iterator`).
+    trace_only: each call traces the whole step (the host loop, the step,
+      its collectives and merged writes) and returns zeros of the traced
+      shapes instead of running it: a `TPUStrategy` over a TPU that exists
+      only as metadata (`replicator.testing.tpu_engine_on_fake_tpu`).
   """
 
-  def __init__(self, strategy, stand_in: bool):
+  def __init__(self, strategy, stand_in: bool, trace_only: bool = False):
     self.strategy = strategy
     self._stand_in = stand_in
+    self.trace_only = trace_only
     self._creator = variables.VariableCreator()
     self._steps = {}  # (step_fn, input_fn) -> StrategyStep
 
@@ -79,7 +84,8 @@ class StrategyEngine:
     step = self._steps.get((step_fn, input_fn))
     if step is None:
       step = steps_lib.StrategyStep(step_fn, element_spec, self.strategy,
-                                    self._creator, self._stand_in)
+                                    self._creator, self._stand_in,
+                                    trace_only=self.trace_only)
       self._steps[(step_fn, input_fn)] = step
     try:
       completed, outputs = step(iterator, steps, args)

@@ -37,15 +37,19 @@ class StrategyStep:
     stand_in: the strategy stands in for a TPU's: compile step_fn with XLA
       before its first run, as a TPU does, and trace the tf.functions it
       calls inline in each replica's trace.
+    trace_only: trace the call (its loop, `strategy.run` and all they hold)
+      but do not run it: the outputs are zeros of the traced shapes and
+      every call completes its `steps`.
   """
 
   def __init__(self, step_fn: Callable, element_spec, strategy, creator,
-               stand_in: bool):
+               stand_in: bool, trace_only: bool = False):
     self._step_fn = step_fn
     self._element_spec = element_spec
     self._strategy = strategy
     self._creator = creator
     self._stand_in = stand_in
+    self._trace_only = trace_only
     self._num_replicas = strategy.num_replicas_in_sync
     self._num_local = len(strategy.extended.worker_devices)
     self._traced = {}  # args signature -> flat output specs (None for None leaves)
@@ -58,13 +62,26 @@ class StrategyStep:
     if signature not in self._traced:
       self._traced[signature] = self._trace_alone(args, creating=not self._traced)
     structure, specs = self._traced[signature]
-    completed, leaves = self._loop(iterator, tf.constant(steps, tf.int64), args,
-                                   signature)
+    if self._trace_only:
+      completed, leaves = self._traced_only(iterator, steps, args, signature)
+    else:
+      completed, leaves = self._loop(iterator, tf.constant(steps, tf.int64), args,
+                                     signature)
     stacked = iter(step_checks.stack_over_replicas(list(per_replica), self._step_fn)
                    for per_replica in leaves)
     outputs = tf.nest.pack_sequence_as(
         structure, [None if spec is None else next(stacked) for spec in specs])
     return int(completed), outputs
+
+  def _traced_only(self, iterator, steps, args, signature):
+    """The loop traced for `steps`, and zeros of the shapes the step returns."""
+    self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
+                                     signature)
+    _, specs = self._traced[signature]
+    leaves = [tuple(tf.zeros([1 if d is None else d for d in spec.shape.as_list()],
+                             spec.dtype) for _ in range(self._num_local))
+              for spec in specs if spec is not None]
+    return steps, leaves
 
   def _call_step(self, batch, args):
     converted = tf.__internal__.autograph.tf_convert(

@@ -66,6 +66,16 @@ class _MergedWrites:
         writes.append(copy.assign(tf.cast(tensor, copy.dtype), read_value=False))
     return tf.group(writes)
 
+  def _use_packed_variable(self):
+    # TPUStrategy packs the copies' handles into one (fewer inputs a call).
+    # Read outside the TPU's replicate context, as in a trace of step_fn
+    # alone, a packed copy is not what a GradientTape watches, so no gradient
+    # would reach the variable: there each copy is read as itself.
+    replica = replica_context.strategy_replica()
+    if replica is not None and replica.alone:
+      return False
+    return super()._use_packed_variable()
+
   # As a tf.Variable outside a step: the value (the first replica's copy).
   def __int__(self):
     return int(self.read_value())
