@@ -13,11 +13,13 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["replicator", "replicator.*"]),
     python_requires=">=3.10",
     # TensorFlow comes through an extra so that an installed tensorflow-tpu or
-    # tensorflow-cpu build is never shadowed by a second TensorFlow.
+    # tensorflow-cpu build is never shadowed by a second TensorFlow. The extras
+    # name the versions that .ci/run tests (replicator/_tf_check.py warns
+    # outside them).
     install_requires=["dm-sonnet>=2.0.2", "numpy", "absl-py"],
     extras_require={
-        "tf": ["tensorflow>=2.16"],
-        "tf-cpu": ["tensorflow-cpu>=2.16"],
+        "tf": ["tensorflow>=2.20,<2.22"],
+        "tf-cpu": ["tensorflow-cpu>=2.20,<2.22"],
         # pdoc builds the API reference (docs/api/), which a test builds too.
         "test": ["pytest", "pytest-xdist", "ruff", "pdoc"],
         # TFDS imagenet2012 needs importlib_resources to prepare from the

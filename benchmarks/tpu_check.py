@@ -1,6 +1,6 @@
 """On a TPU: `TpuReplicator` (the strategy engine) against one-device oracles.
 
-    python -m benchmarks.tpu_check [--tpu NAME] [--json FILE] [--stand_in N]
+    python -m benchmarks.tpu_check [--tpu NAME | --stand_in N | --fake_tpu] [--json FILE]
 
 With no flag it builds `replicator.TpuReplicator(tpu=NAME)` (NAME as
 `TpuReplicator` takes it: None tries `TPU_NAME`, `COLAB_TPU_ADDR`, then
@@ -10,6 +10,24 @@ stand-in strategy over N logical CPUs, so that the script runs without a TPU
 (the test suite runs it so, `tests/test_tpu_check.py`). One replicator serves
 every check: making a second would initialize the TPU again, which clears its
 memory.
+
+`--fake_tpu` builds `replicator.testing.tpu_engine_on_fake_tpu(8)`: TensorFlow's
+real `TPUStrategy` over a TPU of 8 cores that exists only as metadata. Every
+check makes its models and runs its `run` calls there, and each call is traced
+as a TPU host traces it (the loop, `strategy.run` in the TPU's replicate
+context, every collective as `cross_replica_sum`, the merged writes, the
+optimizer) but not executed: it returns zeros of the traced shapes, and the
+variables keep their initial values. So the comparisons of values are skipped,
+and each check compares what a trace shows instead: the outputs' structure
+(keys, shapes with the 8 replicas, dtypes) against the oracle's, the variables
+made by the first trace against a one-device build's (names, shapes, dtypes,
+and their initial values where those are seeded), and the traced loop, which
+must hold `CrossReplicaSum` ops. It prints `TRACED name: ...` (what was traced,
+compared and skipped) or `FAIL name: ...`; the last line is `N/M checks
+traced`, and `--json` records each check's runs, outputs and the loop's TPU ops.
+What it cannot show: the TPU compiler's verdict (an op with no TPU kernel, a
+dynamic shape), memory, numerics and execution (the values, `InputExhausted`,
+copies kept in sync); those need a TPU (or `--stand_in`, which executes).
 
 Each check trains or computes on the TPU replicator and compares with an oracle:
 `replicator.GpuReplicator(device="/cpu:0")` given the whole global batch, plain
@@ -64,7 +82,10 @@ Checks (global batch: 8 examples per replica):
     `restore_latest()` into a model and optimizer of a `GpuReplicator` (made
     lazily after the restore): the variables equal bit for bit, Adam's step
     count too; then one more step on each side agrees (the optimizer's slots
-    came back).
+    came back). With `--fake_tpu` the checkpoint holds the initial values
+    (nothing ran), so the same checkpoint is also restored into a model and
+    optimizer of the TPU replicator made lazily in a traced step after the
+    restore, which must keep the saved values; the last comparison is skipped.
   replicas_in_sync: 2 steps of a model with `CrossReplicaBatchNorm`, a float
     variable each replica writes from its own batch, and Adam, then
     `repl.assert_replicas_in_sync` over every variable (the model's, the
@@ -73,6 +94,8 @@ Checks (global batch: 8 examples per replica):
 """
 
 import argparse
+import collections
+import functools
 import json
 import shutil
 import sys
@@ -88,6 +111,7 @@ from benchmarks import common
 TOLERANCE = 1e-5  # relative, float32 (see the docstring)
 BFLOAT16_PASSES = 1e-2  # errors up to this on a TPU: most likely matmul precision
 PER_REPLICA_BATCH = 8
+FAKE_TPU_CORES = 8  # --fake_tpu: one TPU v2/v3 host
 FEATURES = 12
 CLASSES = 5
 CHECKS = ("sonnet_adam", "keras_sgd", "cross_replica_batch_norm", "collectives",
@@ -97,10 +121,11 @@ CHECKS = ("sonnet_adam", "keras_sgd", "cross_replica_batch_norm", "collectives",
 class Setting:
   """What every check runs on: the TPU replicator and how to judge errors."""
 
-  def __init__(self, repl, on_tpu: bool, workdir):
+  def __init__(self, repl, on_tpu: bool, workdir, trace_only: bool = False):
     self.repl = repl
     self.on_tpu = on_tpu
     self.workdir = workdir
+    self.trace_only = trace_only  # --fake_tpu: runs are traced, not executed
     self.num_replicas = repl.num_replicas
     self.global_batch = PER_REPLICA_BATCH * repl.num_replicas
 
@@ -128,20 +153,164 @@ RESULTS = []
 
 
 def run_check(name, fn, setting):
-  """Runs one check; records and prints its result, whatever happens."""
+  """Runs one check; records, prints and returns its result, whatever happens.
+
+  With `setting.trace_only` (`--fake_tpu`) the check runs on a `TracedRuns` of
+  the replicator, and its result also holds what was traced ("traced").
+  """
   start = time.time()
-  largest = None
+  largest, tracer = None, None
   try:
     if setting is None:
       ok, detail = False, "not run: no TPU replicator (see the error above)"
+    elif setting.trace_only:
+      tracer = setting.repl = TracedRuns(getattr(setting.repl, "repl", setting.repl))
+      ok, detail, largest = fn(setting)
+      ok, detail = tracer.verdict(ok, detail)
     else:
       ok, detail, largest = fn(setting)
   except Exception as error:  # pylint: disable=broad-except
     ok, detail = False, f"{type(error).__name__}: {str(error)[:600]}"
     traceback.print_exc()
-  RESULTS.append({"check": name, "ok": bool(ok), "detail": detail,
-                  "largest_error": largest, "seconds": round(time.time() - start, 1)})
-  print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+  result = {"check": name, "ok": bool(ok), "detail": detail,
+            "largest_error": largest, "seconds": round(time.time() - start, 1)}
+  if tracer is not None:
+    result["traced"] = tracer.record()
+  RESULTS.append(result)
+  word = ("TRACED" if tracer is not None else "PASS") if ok else "FAIL"
+  print(f"{word} {name}: {detail}", flush=True)
+  return result
+
+
+# --fake_tpu: what a check traced.
+
+# The ops of a TPU step that a trace shows: the collectives, the replicated
+# inputs and outputs, the loop and the optional batches that end it.
+TPU_OPS = ("CrossReplicaSum", "AllToAll", "CollectivePermute", "TPUReplicateMetadata",
+           "TPUReplicatedInput", "TPUReplicatedOutput", "While", "OptionalHasValue")
+
+
+def describe(outputs):
+  """`[{"path", "shape", "dtype"}]` of `outputs`' tensor leaves (None leaves:
+  dtype None)."""
+  from tensorflow.python.util import nest  # pylint: disable=import-outside-toplevel
+  leaves = nest.flatten_with_joined_string_paths(outputs)
+  return [{"path": path, "shape": None if leaf is None else list(leaf.shape),
+           "dtype": None if leaf is None else leaf.dtype.name} for path, leaf in leaves]
+
+
+def op_types(graph) -> collections.Counter:
+  """Op types in `graph` and in every function its library holds."""
+  graph_def = graph.as_graph_def()
+  counts = collections.Counter(node.op for node in graph_def.node)
+  for function in graph_def.library.function:
+    counts.update(node.op for node in function.node_def)
+  return counts
+
+
+class TracedRuns:
+  """A replicator whose `run` records what it traced and returned.
+
+  Everything but `run` is the replicator's. `run` calls it with `step_fn`
+  wrapped (one wrapper per step_fn, so the replicator's traces are reused),
+  so that each trace of step_fn notes its graph; `runs` holds each call's
+  steps and outputs (`describe`), and `loop_ops()` counts the ops of the
+  traced loops (the outermost graphs that hold a `While`), nested functions
+  included. A `GpuReplicator` oracle can be wrapped too, for its outputs.
+  """
+
+  def __init__(self, repl):
+    self.repl = repl
+    self.runs = []
+    self._graphs = []
+    self._wrapped = {}
+
+  def __getattr__(self, name):
+    return getattr(self.repl, name)
+
+  def run(self, step_fn, input_fn=None, *, args=(), steps=1):
+    wrapped = self._wrapped.get(step_fn)
+    if wrapped is None:
+      def wrapped(*inputs):
+        from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
+        graph = tf.compat.v1.get_default_graph()
+        while isinstance(getattr(graph, "outer_graph", None), func_graph.FuncGraph):
+          graph = graph.outer_graph
+        if not any(graph is seen for seen in self._graphs):
+          self._graphs.append(graph)
+        return step_fn(*inputs)
+      wrapped = functools.wraps(step_fn)(wrapped)
+      self._wrapped[step_fn] = wrapped
+    outputs = self.repl.run(wrapped, input_fn, args=args, steps=steps)
+    self.runs.append({"steps": steps, "outputs": describe(outputs)})
+    return outputs
+
+  def loop_graphs(self):
+    """The graphs of the traced loops (a trace of step_fn alone holds no loop)."""
+    return [graph for graph in self._graphs if op_types(graph)["While"]]
+
+  def loop_ops(self) -> collections.Counter:
+    counts = collections.Counter()
+    for graph in self.loop_graphs():
+      counts.update(op_types(graph))
+    return counts
+
+  def record(self):
+    ops = self.loop_ops()
+    return {"runs": self.runs, "loop_ops": {op: ops[op] for op in TPU_OPS if ops[op]}}
+
+  def verdict(self, ok, detail):
+    """`(ok, detail)` of a check's own `(ok, detail)` and what it traced."""
+    ops = self.loop_ops()
+    runs = "; ".join(f"run(steps={r['steps']}) -> " + ", ".join(
+        f"{o['path'] or 'output'} {o['dtype']}{o['shape']}" for o in r["outputs"])
+                     for r in self.runs)
+    listed = ", ".join(f"{op} x{ops[op]}" for op in TPU_OPS if ops[op])
+    summary = f"traced {runs or 'no run'}; the loop's TPU ops: {listed or 'none'}"
+    if not self.runs:
+      ok, summary = False, summary + " (FAILED: nothing traced)"
+    elif not ops["CrossReplicaSum"]:
+      ok, summary = False, summary + (" (FAILED: no CrossReplicaSum in the traced "
+                                      "loop, though every check reduces over replicas)")
+    return ok, f"{summary}; {detail}"
+
+
+def same_outputs(traced, oracle, num_replicas):
+  """Problems (a list) between `TracedRuns.runs`' outputs and an oracle's
+  (`GpuReplicator`, one replica): the same paths, dtypes and shapes, but for
+  the leading replica dimension."""
+  problems = []
+  for mine, theirs in zip(traced, oracle):
+    want = [dict(o, shape=None if o["shape"] is None else [num_replicas] + o["shape"][1:])
+            for o in theirs["outputs"]]
+    if mine["outputs"] != want:
+      problems.append(f"run(steps={mine['steps']}) returned {mine['outputs']}, the "
+                      f"oracle's with {num_replicas} replicas {want}")
+  return problems
+
+
+def same_variables(what, mine, theirs, values=True):
+  """Problems between two lists of variables: names, shapes, dtypes and (with
+  `values`) values, the first copy's on the TPU replicator."""
+  mine, theirs = list(mine), list(theirs)
+  if len(mine) != len(theirs):
+    return [f"{what}: {len(mine)} variables, the one-device build's {len(theirs)}"]
+  problems = []
+  for a, b in zip(mine, theirs):
+    if (a.name, tuple(a.shape), a.dtype) != (b.name, tuple(b.shape), b.dtype):
+      problems.append(f"{what}: {a.name} {a.dtype.name}{a.shape.as_list()}, the "
+                      f"one-device build's {b.name} {b.dtype.name}{b.shape.as_list()}")
+    elif values and not np.array_equal(a.numpy(), b.numpy()):
+      problems.append(f"{what}: {a.name}'s initial value differs from the one-device "
+                      "build's")
+  return problems
+
+
+def traced_result(problems, compared: str, skipped: str):
+  """A `--fake_tpu` check's `(ok, detail, None)`."""
+  if problems:
+    return False, f"{'; '.join(problems)[:1500]} (skipped: {skipped})", None
+  return True, f"{compared}; skipped: {skipped}", None
 
 
 # Models and data, the same on the TPU replicator and the oracle.
@@ -279,8 +448,38 @@ def optimizer_check(setting, make_optimizer, seed):
   return errors, float(moved / max(o_moved, 1e-30))
 
 
+def optimizer_trace(setting, make_optimizer, seed):
+  """--fake_tpu: the runs of `optimizer_check` traced, against the oracle's
+  structure and the model's initial values."""
+  g = setting.global_batch
+  arrays = classification_data(3 * g, seed)
+  model = mlp(seed)
+  optimizer, _ = train(setting.repl, model, make_optimizer,
+                       input_fn_for(f"optimizer_{seed}", arrays, g), calls=[1, 2])
+  one = TracedRuns(oracle())
+  reference = mlp(seed)
+  reference_optimizer, _ = train(one, reference, make_optimizer,
+                                 input_fn_for(f"oracle_{seed}", arrays, g), calls=[1, 2])
+  one.shutdown()
+  initial = mlp(seed)
+  initial(tf.zeros([1, FEATURES]))
+  problems = same_outputs(setting.repl.runs, one.runs, setting.num_replicas)
+  problems += same_variables("model", model.variables, reference.variables, values=False)
+  problems += same_variables("model (initial values)", model.variables,
+                             initial.variables)
+  problems += same_variables("optimizer", optimizer.variables,
+                             reference_optimizer.variables, values=False)
+  return traced_result(
+      problems, f"outputs as the oracle's; the {len(model.variables)} model variables "
+      "made in the first trace as the oracle's, holding the initial values; the "
+      f"optimizer's {len(optimizer.variables)} as the oracle's",
+      "the trained variables and the loss against the oracle (nothing executed)")
+
+
 def sonnet_adam(setting):
   import sonnet as snt  # pylint: disable=import-outside-toplevel
+  if setting.trace_only:
+    return optimizer_trace(setting, lambda: snt.optimizers.Adam(1e-2), seed=10)
   errors, ratio = optimizer_check(setting, lambda: snt.optimizers.Adam(1e-2), seed=10)
   ok, detail, largest = setting.judge(errors)
   return ok, f"{detail}; update / oracle's update {ratio:.4f}", largest
@@ -288,8 +487,10 @@ def sonnet_adam(setting):
 
 def keras_sgd(setting):
   import keras  # pylint: disable=import-outside-toplevel
-  errors, ratio = optimizer_check(
-      setting, lambda: keras.optimizers.SGD(learning_rate=0.1, momentum=0.9), seed=20)
+  make = lambda: keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+  if setting.trace_only:
+    return optimizer_trace(setting, make, seed=20)
+  errors, ratio = optimizer_check(setting, make, seed=20)
   ok, detail, largest = setting.judge(errors)
   return ok, (f"{detail}; update / oracle's update {ratio:.4f} (gradients reduced "
               f"twice: about {setting.num_replicas})"), largest
@@ -313,6 +514,8 @@ def cross_replica_batch_norm(setting):
   input_fn = input_fn_for("batch_norm", images, g)
   repl.run(step_fn, input_fn)
   out = repl.run(step_fn, input_fn, steps=steps - 1).numpy()
+  if setting.trace_only:
+    return batch_norm_trace(setting, norm, images)
   with tf.device("/cpu:0"):
     reference = snt.BatchNorm(create_scale=True, create_offset=True, decay_rate=0.9)
     for s in range(steps):
@@ -325,6 +528,30 @@ def cross_replica_batch_norm(setting):
                                   reference.moving_variance.value.numpy()),
   }
   return setting.judge(errors)
+
+
+def batch_norm_trace(setting, norm, images):
+  """--fake_tpu: `cross_replica_batch_norm`'s traced runs against the same
+  layer on the oracle, in an evaluation step (made, not moved)."""
+  import replicator  # pylint: disable=import-outside-toplevel
+  one = TracedRuns(oracle())
+  with one.context():
+    reference = replicator.nn.CrossReplicaBatchNorm(
+        create_scale=True, create_offset=True, decay_rate=0.9)
+  one.run(lambda x: reference(x, is_training=False),
+          input_fn_for("batch_norm_oracle", images, setting.global_batch))
+  one.shutdown()
+  per_replica = list(images.shape)
+  per_replica[0] = PER_REPLICA_BATCH
+  want = [{"outputs": [{"path": "", "shape": [1] + per_replica, "dtype": "float32"}]}]
+  problems = same_outputs(setting.repl.runs, want * 2, setting.num_replicas)
+  problems += same_variables("batch norm", norm.variables, reference.variables)
+  return traced_result(
+      problems, "each replica's outputs of its batch's shape; the layer's "
+      f"{len(norm.variables)} variables (scale, offset, moving statistics) as on one "
+      "device, holding their initial values",
+      "the outputs and the moving statistics against snt.BatchNorm on the global "
+      "batch (nothing executed)")
 
 
 def collectives(setting):
@@ -359,6 +586,15 @@ def collectives(setting):
       "all_gather": {"f": floats.reshape(2 * n, 3), "i": ints.reshape(4 * n)},
       "broadcast": {"f": floats[last], "i": ints[last]},
   }
+  if setting.trace_only:
+    # NumPy's results, as one replica returns them (its sums of int32 are int64).
+    one_replica = tf.nest.map_structure(
+        lambda a: np.asarray(a, np.int32 if np.asarray(a).dtype == np.int64 else None)[None],
+        dict(want, replica_id=np.int32(0)))
+    problems = same_outputs(setting.repl.runs, [{"outputs": describe(one_replica)}], n)
+    return traced_result(
+        problems, "every collective's outputs of NumPy's shapes and dtypes on each "
+        "replica", "the values against NumPy (nothing executed)")
   errors, exact = {}, ["replica_id"]
   ids = got["replica_id"].numpy()
   errors["replica_id"] = float(np.max(np.abs(ids - np.arange(n))))
@@ -393,6 +629,23 @@ def input_exhausted(setting):
     counter.assign_add(1)
     return repl.all_sum(tf.reduce_sum(batch))
 
+  if setting.trace_only:
+    repl.run(step_fn, input_fn_for("exhausted", x, g), steps=k + 3)
+    problems = []
+    want = {"path": "", "shape": [setting.num_replicas], "dtype": "float32"}
+    if repl.runs[-1]["outputs"] != [want]:
+      problems.append(f"outputs {repl.runs[-1]['outputs']}, expected [{want}]")
+    if not repl.loop_ops()["OptionalHasValue"]:
+      problems.append("the loop does not take its batches as optionals "
+                      "(get_next_as_optional), which is how running out ends it")
+    if (counter.dtype, counter.shape, int(counter.numpy())) != (tf.int64, (), 0):
+      problems.append(f"counter {counter.dtype.name}{counter.shape} = "
+                      f"{int(counter.numpy())}, expected int64[] = 0")
+    return traced_result(
+        problems, f"run(steps={k + 3}) on an input of {k} steps: the loop takes "
+        "each batch as an optional (OptionalHasValue), the counter's merged write "
+        "traced", "InputExhausted, steps_completed, the counter and the last outputs "
+        "(a traced call completes its steps: running out needs execution)")
   try:
     repl.run(step_fn, input_fn_for("exhausted", x, g), steps=k + 3)
   except replicator.InputExhausted as error:
@@ -449,6 +702,9 @@ def checkpoint_roundtrip(setting):
              input_fn_for("after_save", following, g))
     one.run(classifier_step(restored, restored_optimizer, one.all_mean),
             input_fn_for("after_restore", following, g))
+    if setting.trace_only:
+      one.shutdown()
+      return checkpoint_trace(setting, directory, model, optimizer, errors)
     errors["next step"] = variables_error(restored.variables, model.variables)
     one.shutdown()
   finally:
@@ -456,10 +712,43 @@ def checkpoint_roundtrip(setting):
   return setting.judge(errors, exact=("variables", "adam step"))
 
 
-def replicas_in_sync(setting):
+def checkpoint_trace(setting, directory, model, optimizer, errors):
+  """--fake_tpu: the checkpoint (of initial values: nothing ran) restored into a
+  model and optimizer of the TPU replicator, made lazily in a traced step after
+  the restore: they keep the saved values, as does the GpuReplicator's."""
   import sonnet as snt  # pylint: disable=import-outside-toplevel
   import replicator  # pylint: disable=import-outside-toplevel
   repl, g = setting.repl, setting.global_batch
+  problems = [f"{name} restored on the GpuReplicator differs by {error}"
+              for name, error in errors.items() if error]
+  restored = mlp(62)  # other initial values: the restore must replace them
+  with repl.context():
+    restored_optimizer = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+  step = replicator.Checkpointer(directory, model=restored,
+                                 optimizer=restored_optimizer).restore_latest()
+  if step != 2:
+    problems.append(f"restore_latest() on the TPU replicator returned {step!r}")
+  x, y = classification_data(g, 63)
+  repl.run(classifier_step(restored, restored_optimizer, repl.all_mean),
+           input_fn_for("restored_on_tpu", (x, y), g))
+  problems += same_variables("restored on the TPU replicator", restored.variables,
+                             model.variables)
+  problems += same_variables("restored optimizer", restored_optimizer.variables,
+                             optimizer.variables)
+  return traced_result(
+      problems, "saved, restored on a GpuReplicator (equal bit for bit, Adam's step "
+      "too), and restored on the TPU replicator into a model and Adam made in a "
+      f"traced step after the restore: their {len(restored.variables)} and "
+      f"{len(restored_optimizer.variables)} variables kept the saved values",
+      "the trained values and the step after the restore against the oracle "
+      "(nothing executed: the checkpoint holds the initial values)")
+
+
+def in_sync_steps(repl, g, steps):
+  """`replicas_in_sync`'s model, writes and Adam, trained `steps` steps on
+  `repl`; every variable, in creation order."""
+  import sonnet as snt  # pylint: disable=import-outside-toplevel
+  import replicator  # pylint: disable=import-outside-toplevel
   x, y = classification_data(2 * g, 70)
   model = mlp(70)
   with repl.context():
@@ -477,9 +766,31 @@ def replicas_in_sync(setting):
     optimizer.apply(tape.gradient(loss, variables), variables)
     return loss
 
-  repl.run(step_fn, input_fn_for("in_sync", (x, y), g), steps=2)
-  variables = (list(model.variables) + list(norm.variables) + [ema]
-               + list(optimizer.variables))
+  repl.run(step_fn, input_fn_for("in_sync", (x, y), g), steps=steps)
+  return (list(model.variables) + list(norm.variables) + [ema]
+          + list(optimizer.variables))
+
+
+def in_sync_trace(setting, variables):
+  """--fake_tpu: `replicas_in_sync`'s variables against the same steps on the
+  oracle (one step of the global batch)."""
+  one = TracedRuns(oracle())
+  reference = in_sync_steps(one, setting.global_batch, 1)
+  one.shutdown()
+  problems = same_outputs(setting.repl.runs, one.runs, setting.num_replicas)
+  problems += same_variables("variables", variables, reference, values=False)
+  return traced_result(
+      problems, f"outputs as the oracle's; the {len(variables)} variables (the "
+      "model's, the batch norm's, the written one, Adam's) as the oracle's",
+      "assert_replicas_in_sync and the copies' differences (nothing executed; on "
+      "the fake TPU every copy sits on the CPU)")
+
+
+def replicas_in_sync(setting):
+  repl, g = setting.repl, setting.global_batch
+  variables = in_sync_steps(repl, g, 2)
+  if setting.trace_only:
+    return in_sync_trace(setting, variables)
   repl.assert_replicas_in_sync(variables)
   spread, compared = copies_apart(variables)
   return (spread == 0.0, f"largest error {spread:.1e} between two replicas' copies "
@@ -516,6 +827,9 @@ def parse_args(argv=None):
                           "then 'local', a TPU VM)")
   where.add_argument("--stand_in", type=replica_count, default=None, metavar="N",
                      help="no TPU: the same engine on N logical CPUs")
+  where.add_argument("--fake_tpu", action="store_true",
+                     help="no TPU: trace every check on TensorFlow's TPUStrategy over "
+                          "a fake TPU of 8 cores (nothing executes; values unchecked)")
   parser.add_argument("--json", default=None, metavar="FILE",
                       help="write the results to FILE")
   parser.add_argument("--workdir", default=None,
@@ -531,7 +845,8 @@ def main(argv=None):
     import replicator  # pylint: disable=import-outside-toplevel
     replicator.testing.configure_logical_cpus(args.stand_in)  # before any op
   # On a TPU: float32 matmuls and convolutions at precision 'highest'.
-  tf.config.experimental.enable_tensor_float_32_execution(False)
+  if not args.fake_tpu:  # (a fake TPU computes nothing)
+    tf.config.experimental.enable_tensor_float_32_execution(False)
   import replicator  # pylint: disable=import-outside-toplevel
   setting, made = None, None
   try:
@@ -539,12 +854,18 @@ def main(argv=None):
       repl = replicator.testing.tpu_engine_on_cpus(args.stand_in)
       device = f"stand-in: {args.stand_in} logical CPUs"
       precision = "float32 (CPU)"
+    elif args.fake_tpu:
+      repl = replicator.testing.tpu_engine_on_fake_tpu(FAKE_TPU_CORES)
+      device = (f"fake TPU: TPUStrategy over {FAKE_TPU_CORES} cores that exist only "
+                "as metadata (traced, not run)")
+      precision = "n/a (traced, not run)"
     else:
       repl = replicator.TpuReplicator(tpu=args.tpu)
       device = (f"TPU {args.tpu or 'from the environment'}: "
                 f"{len(tf.config.list_logical_devices('TPU'))} TPU cores")
       precision = "highest (TensorFloat-32 execution off)"
-    setting = Setting(repl, on_tpu=args.stand_in is None, workdir=args.workdir)
+    setting = Setting(repl, on_tpu=args.stand_in is None and not args.fake_tpu,
+                      workdir=args.workdir, trace_only=args.fake_tpu)
     made = repr(repl)
     print(f"tpu_check: {made} on {device}; precision {precision}; tf "
           f"{tf.__version__}", flush=True)
@@ -561,14 +882,18 @@ def main(argv=None):
   passed = sum(r["ok"] for r in RESULTS)
   seconds = round(time.time() - started, 1)
   if args.json:
+    report = {"command": "python -m benchmarks.tpu_check " + " ".join(
+                  sys.argv[1:] if argv is None else argv),
+              "machine": common.machine(), "device": device, "replicator": made,
+              "precision": precision, "tolerance": TOLERANCE,
+              "tensorflow": tf.__version__, "passed": passed, "total": len(RESULTS),
+              "seconds": seconds, "results": RESULTS}
+    if args.fake_tpu:  # "passed" counts the checks that traced
+      report.update(traced_only=True, tolerance=None)
     with open(args.json, "w") as f:
-      json.dump({"command": "python -m benchmarks.tpu_check " + " ".join(
-                     sys.argv[1:] if argv is None else argv),
-                 "machine": common.machine(), "device": device, "replicator": made,
-                 "precision": precision, "tolerance": TOLERANCE,
-                 "tensorflow": tf.__version__, "passed": passed, "total": len(RESULTS),
-                 "seconds": seconds, "results": RESULTS}, f, indent=1)
-  print(f"{passed}/{len(RESULTS)} checks passed ({seconds} s)", flush=True)
+      json.dump(report, f, indent=1)
+  verb = "traced" if args.fake_tpu else "passed"
+  print(f"{passed}/{len(RESULTS)} checks {verb} ({seconds} s)", flush=True)
   return 0 if passed == len(RESULTS) else 1
 
 

@@ -5,7 +5,8 @@ Every example (`examples.quickstart`, `examples.gan.train` and its sweep,
 defaults, through `define_replicator_flags` and `define_run_flags`:
 
   --replicator      gpu | multi_gpu | tpu | tpu_emulated (default multi_gpu)
-  --cpu_replicas    replicas on a machine with no GPU (default 2)
+  --cpu_replicas    replicas on a machine with no GPU, or emulated TPU cores
+                    (default 2)
   --tpu             TPU name or address, for --replicator=tpu
   --global_batch_size  examples per step, summed over every replica
   --workdir         checkpoints, summaries and results of the run
@@ -37,12 +38,13 @@ def define_replicator_flags():
       "replicator", "multi_gpu", REPLICATORS,
       "gpu: one device; multi_gpu: every local GPU (with none, --cpu_replicas "
       "logical CPU devices), on every worker `replicator.launch` starts; tpu: a "
-      "Cloud or Colab TPU; tpu_emulated: TPU semantics on --cpu_replicas CPU "
-      "devices.")
+      "Cloud or Colab TPU; tpu_emulated: the TPU's engine on --cpu_replicas "
+      "logical CPU devices, each step compiled with XLA before its first run.")
   flags.DEFINE_integer(
       "cpu_replicas", 2,
-      "Replicas on a machine with no GPU (multi_gpu, tpu_emulated): the CPU is "
-      "split into this many logical devices. Ignored where a GPU is visible.")
+      "Replicas on a machine with no GPU (multi_gpu; ignored where a GPU is "
+      "visible), or the emulated TPU cores of tpu_emulated (1, 2, 4 or 8, GPU "
+      "or not): the CPU is split into this many logical devices.")
   flags.DEFINE_string("tpu", None, "--replicator=tpu: TPU name or address "
                       "(default: TPU_NAME, COLAB_TPU_ADDR, else the local TPU).")
 
@@ -94,7 +96,7 @@ def make_replicator(kind: Optional[str] = None, cpu_replicas: Optional[int] = No
     raise ValueError(f"--cpu_replicas: must be >= 1, got {cpu_replicas}.")
   import tensorflow as tf  # after the flags are parsed: TF reads its env at import
   on_cpu = not tf.config.list_physical_devices("GPU")
-  if on_cpu and kind in ("multi_gpu", "tpu_emulated") and cpu_replicas > 1:
+  if (kind == "tpu_emulated" or (on_cpu and kind == "multi_gpu")) and cpu_replicas > 1:
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else os.cpu_count() or 1)
     tf.config.threading.set_intra_op_parallelism_threads(max(1, cores // cpu_replicas))

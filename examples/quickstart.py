@@ -4,8 +4,9 @@
 
 The same script runs on one device (`gpu`), every local device (`multi_gpu`;
 on a CPU-only machine `--cpu_replicas` splits the CPU into logical devices),
-a TPU (`tpu`, `--tpu=NAME`) or TPU semantics emulated on the CPU
-(`tpu_emulated`), and the loss curve is the same up to float rounding. Its
+a TPU (`tpu`, `--tpu=NAME`) or the TPU's engine emulated on `--cpu_replicas`
+logical CPUs (`tpu_emulated`), and the loss curve is the same up to float
+rounding. Its
 flags are the examples' shared ones (`examples/common.py`: `--replicator`,
 `--cpu_replicas`, `--tpu`, `--global_batch_size`, `--workdir`, `--log_every`)
 and `--steps`, `--dataset`, `--data_dir`. Data: the Debian

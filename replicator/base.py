@@ -35,16 +35,13 @@ class Replicator:
 
   Args:
     mesh: where the replicas live.
-    placement: device of each local replica's ops and variables (defaults to
-      the mesh's devices; TPU emulation puts every replica on the CPU).
     jit_compile: compile each step (all replicas) as one XLA computation.
     all_reduce: default `AllReduceOptions` of `all_reduce` and optimizers.
     engine: what runs the steps, where not the in-graph engine (a
       `StrategyEngine`, on one worker).
   """
 
-  def __init__(self, mesh: Mesh, *, placement: Optional[Sequence[str]] = None,
-               jit_compile: bool = False,
+  def __init__(self, mesh: Mesh, *, jit_compile: bool = False,
                all_reduce: Optional[reduce_options.AllReduceOptions] = None,
                engine=None):
     all_reduce = reduce_options.check_options(all_reduce)
@@ -58,11 +55,11 @@ class Replicator:
                                              timeout_s=0)
       self._workers.crowded = cluster.host_is_crowded(mesh)
       self._placement = tuple(cluster.device_name(mesh.worker_index, d)
-                              for d in (placement or mesh.local_devices))
+                              for d in mesh.local_devices)
       self._peers = peers.Peers(mesh, self._workers, self._placement[0],
                                 all_reduce.timeout_s)
     else:
-      self._placement = tuple(f"/device:{d}" for d in (placement or mesh.local_devices))
+      self._placement = tuple(f"/device:{d}" for d in mesh.local_devices)
     self._created = next(Replicator._creation_order)
     Replicator.live.add(self)
     self._all_reduce = all_reduce

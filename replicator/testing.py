@@ -1,7 +1,6 @@
 """Helpers for tests: several replicas on one CPU."""
 
 import contextlib
-import itertools
 
 import numpy as np
 import sonnet as snt
@@ -31,12 +30,14 @@ def merges_as_collectives():
 def tpu_engine_on_cpus(num_replicas: int = 2):
   """A `TpuReplicator` on the strategy engine, over `num_replicas` logical CPUs.
 
-  The engine `TpuReplicator()` runs on a TPU, with a stand-in for
-  `TPUStrategy`: Sonnet's `Replicator` (a `MirroredStrategy`) over logical CPU
-  devices. Each step is compiled with XLA before its first run, as a TPU
-  compiles it, so a step a TPU cannot compile fails here too. What the
-  stand-in cannot show: the TPU's own compiler and memory, and `TPUStrategy`'s
-  host loop (docs/design.md, "The strategy engine").
+  `TpuReplicator(num_tpu_cores_per_worker=num_replicas, emulate_on_cpu=True)`:
+  the engine `TpuReplicator()` runs on a TPU, with a stand-in for
+  `TPUStrategy`, Sonnet's `Replicator` (a `MirroredStrategy`) over logical
+  CPU devices (1, 2, 4 or 8, as a TPU host has cores). Each step is compiled
+  with XLA before its first run, as a TPU compiles it, so a step a TPU cannot
+  compile fails here too. What the stand-in cannot show: the TPU's own
+  compiler and memory, and `TPUStrategy`'s host loop (docs/design.md, "The
+  strategy engine").
 
   >>> repl = tpu_engine_on_cpus(2)
   >>> repl.num_replicas
@@ -44,32 +45,7 @@ def tpu_engine_on_cpus(num_replicas: int = 2):
   """
   if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
     raise ValueError(f"num_replicas: expected an int >= 1, got {num_replicas!r}.")
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  if len(tf.config.get_logical_device_configuration(cpu) or ()) < num_replicas:
-    configure_logical_cpus(num_replicas)
-  strategy = _StandIn(devices=[f"/cpu:{i}" for i in range(num_replicas)])
-  repl = tpu.TpuReplicator.__new__(tpu.TpuReplicator)
-  repl._on_strategy(strategy, stand_in=True)  # pylint: disable=protected-access
-  return repl
-
-
-class _StandIn(snt.distribute.Replicator):
-  """Sonnet's `Replicator` whose collectives have group keys of their own.
-
-  Each `MirroredStrategy` numbers its collective groups from 1: two of them
-  of different sizes in one process would meet at group 1 and abort every
-  collective of the process.
-  """
-
-  _instances = itertools.count(1)
-
-  def __init__(self, devices):
-    self._collective_key_base = next(_StandIn._instances) * 100_000
-    super().__init__(devices=devices)
-    # Sums in the replica's context, without a merge_call, as on a TPU (where
-    # a step's tf.function may hold collectives too); MirroredStrategy makes
-    # them merge_calls on CPUs, which a nested tf.function cannot hold.
-    self.extended._use_merge_call = lambda: False
+  return tpu.TpuReplicator(num_tpu_cores_per_worker=num_replicas, emulate_on_cpu=True)
 
 
 def tpu_engine_on_fake_tpu(num_cores: int = 8, num_hosts: int = 1):
@@ -84,7 +60,11 @@ def tpu_engine_on_fake_tpu(num_cores: int = 8, num_hosts: int = 1):
   every write, the optimizer. It then returns zeros of the traced shapes and
   dtypes instead of executing (executing needs the TPU's kernels:
   `TPUReplicatedInput` has none on a CPU), so the values that come back,
-  and the variables after a step, say nothing.
+  and the variables after a step, say nothing. Variables are made eagerly,
+  every core's copy on the CPU, so their initial values and what a
+  checkpoint restores into them are real; but `TPUStrategy`'s own writes
+  outside a step (`variable.assign` through its packed handle) find copies
+  by device, and reach only the first copy here, where all share one.
 
   What a trace shows: a step a TPU's host cannot build (a dtype
   `cross_replica_sum` refuses, a gradient lost in `TPUStrategy`'s variables,

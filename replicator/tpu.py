@@ -1,5 +1,6 @@
-"""`TpuReplicator`: Cloud/Colab TPUs, or their semantics emulated on the CPU."""
+"""`TpuReplicator`: Cloud/Colab TPUs, or their engine emulated on logical CPUs."""
 
+import itertools
 import os
 from typing import Optional
 
@@ -9,6 +10,7 @@ import tensorflow as tf
 from replicator import errors
 from replicator import base
 from replicator.mesh import Mesh
+from replicator.mesh import configure_logical_cpus
 from replicator.strategy_engine import engine as strategy_engine
 
 _SUPPORTED_CORES = (1, 2, 4, 8)
@@ -38,6 +40,52 @@ def _tpu_address(tpu: Optional[str]) -> str:
   return "local"
 
 
+def _logical_cpus(cores: int):
+  """The first `cores` logical CPU devices, splitting the CPU if need be."""
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  configured = len(tf.config.get_logical_device_configuration(cpu) or ())
+  if configured < cores:
+    try:
+      configure_logical_cpus(cores)
+    except RuntimeError as error:
+      started = len(tf.config.list_logical_devices("CPU"))
+      if started < cores:
+        raise RuntimeError(
+            f"emulate_on_cpu: num_tpu_cores_per_worker={cores} emulates {cores} "
+            f"TPU cores on as many logical CPU devices, but TensorFlow has "
+            f"already started with {started} logical CPU device(s). Make the TpuReplicator before any "
+            f"TensorFlow op runs, or split the CPU first with "
+            f"replicator.testing.configure_logical_cpus({cores}) (in the "
+            f"examples: --cpu_replicas {cores}); or pass "
+            f"num_tpu_cores_per_worker="
+            f"{max(c for c in _SUPPORTED_CORES if c <= started)}.") from error
+  return [f"/cpu:{i}" for i in range(cores)]
+
+
+class _StandIn(snt.distribute.Replicator):
+  """The stand-in for `TPUStrategy` on logical CPUs: Sonnet's `Replicator`
+  (a `MirroredStrategy`) whose collectives have group keys of their own.
+
+  Each `MirroredStrategy` numbers its collective groups from 1: two of them
+  of different sizes in one process would meet at group 1 and abort every
+  collective of the process.
+  """
+
+  _instances = itertools.count(1)
+
+  def __init__(self, devices):
+    self._collective_key_base = next(_StandIn._instances) * 100_000
+    super().__init__(devices=devices)
+    # Variables with policies, as TPUStrategy makes them. (Not packed as it
+    # packs them: MirroredStrategy's replica threads cannot differentiate
+    # through a packed handle; `tpu_engine_on_fake_tpu` traces those.)
+    self.extended._use_var_policy = True
+    # Sums in the replica's context, without a merge_call, as on a TPU (where
+    # a step's tf.function may hold collectives too); MirroredStrategy makes
+    # them merge_calls on CPUs, which a nested tf.function cannot hold.
+    self.extended._use_merge_call = lambda: False
+
+
 class TpuReplicator(base.Replicator):
   """Replicas on the cores of a TPU, or emulated on the CPU.
 
@@ -48,13 +96,21 @@ class TpuReplicator(base.Replicator):
   differs. Not run on a TPU by this project: `python -m benchmarks.tpu_check`
   checks it there.
 
-  With `emulate_on_cpu=True` the replicas of a step are compiled together as
-  one XLA computation on the CPU, so a step that cannot compile with static
-  shapes fails on a laptop first. XLA on CPU accepts some ops a TPU rejects
-  (dynamic-shape ops such as `tf.boolean_mask`), so passing the emulator is
-  necessary, not sufficient. The reverse too: `tf.print` in a step fails here
-  (XLA on CPU has no print; a TPU runs it on the host), with an error that
-  says to return the values instead.
+  With `emulate_on_cpu=True` the same strategy engine runs on the CPU, on a
+  stand-in for `TPUStrategy`: Sonnet's `Replicator` (a `MirroredStrategy`)
+  over `num_tpu_cores_per_worker` logical CPU devices, one per core, with its
+  collectives in the replica's context as on a TPU. Before a step's first run
+  it is compiled with XLA to HLO, as a TPU compiles it, so a step that cannot
+  compile with static shapes fails on a laptop first; then TensorFlow's
+  kernels execute it, one thread per replica. XLA on CPU accepts some ops a
+  TPU rejects (dynamic-shape ops such as `tf.boolean_mask`), and the TPU's
+  own compiler, memory and host loop are not there, so passing the emulator
+  is necessary, not sufficient. `tf.print` in a step fails here too (XLA has
+  no print kernel), with an error that says to return the values instead.
+  TensorFlow fixes its devices when it starts: make the replicator before any
+  TensorFlow op runs, or split the CPU first
+  (`replicator.testing.configure_logical_cpus(n)`, the examples'
+  `--cpu_replicas n`).
 
   Args:
     num_workers: TPU hosts: 1, or as many as the TPU found has (a pod slice,
@@ -63,16 +119,14 @@ class TpuReplicator(base.Replicator):
       when emulating).
     tpu: TPU name or address; None tries `TPU_NAME`, `COLAB_TPU_ADDR`, then
       `'local'` (a TPU VM, a current Colab runtime).
-    emulate_on_cpu: run on the CPU with TPU semantics.
+    emulate_on_cpu: run the TPU's engine on `num_tpu_cores_per_worker`
+      logical CPU devices (a stand-in strategy), with no TPU.
     strategy: a `tf.distribute.TPUStrategy` you built (a custom device
       assignment, a TPU system you initialized, Sonnet's `TpuReplicator`):
       used as it is, with nothing connected or initialized again. Leave
       `tpu` and `emulate_on_cpu` out; `num_workers` and
       `num_tpu_cores_per_worker`, if given, must match it.
   """
-
-  _compiled_by = ("a TPU step is one XLA computation (the emulator compiles it "
-                  "the same way)")
 
   def __init__(self, num_workers: int = 1,
                num_tpu_cores_per_worker: Optional[int] = None,
@@ -94,8 +148,7 @@ class TpuReplicator(base.Replicator):
             "emulate_on_cpu=True; the emulator runs one host's cores in this "
             "process. Pass num_workers=1.")
       cores = num_tpu_cores_per_worker or 8
-      mesh = Mesh(devices=[f"TPU:{i}" for i in range(cores)])
-      super().__init__(mesh, placement=["CPU:0"] * cores, jit_compile=True)
+      self._on_strategy(_StandIn(devices=_logical_cpus(cores)), stand_in=True)
       return
     address = _tpu_address(tpu)
     try:
@@ -144,7 +197,10 @@ class TpuReplicator(base.Replicator):
           f"num_tpu_cores_per_worker: {num_tpu_cores_per_worker} requested; the "
           f"TPU found has {cores} cores per host. Pass {cores}, or None to use "
           "them all.")
-    devices = [d.split("/device:")[-1] for d in strategy.extended.worker_devices]
+    # One process feeds every host; a pod slice's cores are named by their
+    # replica id (the strategy places them).
+    devices = ([d.split("/device:")[-1] for d in strategy.extended.worker_devices]
+               if hosts == 1 else [f"TPU:{i}" for i in range(strategy.num_replicas_in_sync)])
     super().__init__(Mesh(devices=devices),
                      engine=strategy_engine.StrategyEngine(strategy, stand_in,
                                                           trace_only=trace_only))

@@ -17,9 +17,8 @@ REPLICATORS = {
         devices=["/cpu:0", "/cpu:1"]), 2),
     "multi_gpu_4": (lambda: replicator.MultiGpuReplicator(
         devices=[f"/cpu:{i}" for i in range(4)]), 4),
-    "tpu_emulated_2": (lambda: replicator.TpuReplicator(
-        num_tpu_cores_per_worker=2, emulate_on_cpu=True), 2),
-    # The engine TpuReplicator() runs on a TPU, on a stand-in strategy.
+    # The engine TpuReplicator() runs on a TPU, on a stand-in strategy: the TPU
+    # emulator, TpuReplicator(num_tpu_cores_per_worker=2, emulate_on_cpu=True).
     "tpu_engine_2": (lambda: testing.tpu_engine_on_cpus(2), 2),
 }
 # The same at 8 replicas (a TPU host's cores): every catalogue test where
@@ -32,18 +31,14 @@ EIGHT_REPLICATORS = {EIGHT: (lambda: testing.tpu_engine_on_cpus(8), 8)}
 MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
 
 
-def runs_xla(name) -> bool:
-  """Whether `name`'s steps run as XLA computations (the TPU emulator): the
-  strategy engine's stand-in checks that XLA compiles them, then runs
-  TensorFlow's kernels."""
-  return name.startswith("tpu_emulated")
-
-
 def in_graph(name) -> bool:
   """Whether `name` runs on the in-graph engine (replicator.engine), whose
   merges a test may watch; the others run on the strategy engine."""
   return not name.startswith("tpu_engine")
-# The TPU emulator compiles the step with XLA, which has no summary kernels.
+
+
+# The TPU's engine (and so its emulator) compiles each step with XLA before its
+# first run, and XLA has no summary (or Assert) kernels.
 NOT_XLA = sorted(name for name in REPLICATORS if not name.startswith("tpu"))
 
 

@@ -305,7 +305,7 @@ def _draws(repl, generator, steps):
   return [repl.run(lambda: generator.uniform([3])).numpy() for _ in range(steps)]
 
 
-@pytest.mark.parametrize("name", ["multi_gpu_2", "tpu_emulated_2", "tpu_engine_2"])
+@pytest.mark.parametrize("name", ["multi_gpu_2", "tpu_engine_2"])
 def test_random_generator_streams_resume_exactly(name, tmp_path):
   repl = catalogue.make(name)
   want = _draws(repl, repl.random_generator(42), 4)
@@ -379,7 +379,7 @@ def test_inputs_with_the_same_name_keep_separate_positions(tmp_path):
   np.testing.assert_array_equal(repl.run(lambda b: b, evaluate).numpy(), [[2], [3]])
 
 
-@pytest.mark.parametrize("name", ["multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"])
+@pytest.mark.parametrize("name", ["multi_gpu_4", "tpu_engine_2"])
 def test_a_trained_model_exports_as_a_saved_model_of_plain_variables(name, tmp_path):
   repl, model, optimizer, _, train = _trainer(name, tmp_path / "checkpoints")
   train(3)
@@ -422,7 +422,7 @@ def _fine_tune_step(loaded, optimizer):
   return step_fn, parameters
 
 
-@pytest.mark.parametrize("name", ["multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"])
+@pytest.mark.parametrize("name", ["multi_gpu_4", "tpu_engine_2"])
 def test_a_saved_model_loaded_in_the_context_fine_tunes_as_on_one_device(name, tmp_path):
   _export_mlp(str(tmp_path), catalogue.mlp())
   x, y = catalogue.classification_data()

@@ -193,14 +193,14 @@ def test_dataset_whose_element_structure_changes():
      r"input_fn: .*RaggedTensorSpec.*dense numeric tensors only"),
 ])
 def test_tpu_emulation_refuses_what_a_tpu_cannot_take(dataset, match):
-  repl = catalogue.make("tpu_emulated_2")
+  repl = catalogue.make("tpu_engine_2")
   with pytest.raises(ValueError, match=match):
     repl.run(lambda b: b, lambda ctx: dataset())
   repl.run(lambda b: b * 2, lambda ctx: tf.data.Dataset.range(8).batch(2, drop_remainder=True))
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: catalogue.make("tpu_emulated_2"), r"a TPU step is one XLA computation"),
+    (lambda: catalogue.make("tpu_engine_2"), r"a TPU step is one XLA computation"),
     (lambda: replicator.GpuReplicator(device="/cpu:0", jit_compile=True),
      r"jit_compile=False does not"),
 ])

@@ -9,7 +9,7 @@ import tensorflow as tf
 import catalogue
 import replicator
 
-NAMES = ["gpu", "multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"]
+NAMES = ["gpu", "multi_gpu_4", "tpu_engine_2"]
 
 
 def _quadratic_setup(repl, make_optimizer, **wrap_kwargs):

@@ -1,8 +1,9 @@
 """`InGraphEngine`: the replicas of a step traced into one graph, by the library.
 
-What `GpuReplicator`, `MultiGpuReplicator` and the TPU emulator run on. It has
-the interface of `strategy_engine.StrategyEngine` (where `tf.distribute` runs
-the steps), so that `Replicator` is written once over either: `created`,
+What `GpuReplicator` (with `jit_compile=True`, compiled with XLA) and
+`MultiGpuReplicator` run on. It has the interface of
+`strategy_engine.StrategyEngine` (where `tf.distribute` runs the steps: the TPU
+and its emulator), so that `Replicator` is written once over either: `created`,
 `scope`, `iterator`, `run`, `copies`, `random_generator` and `clear`.
 """
 
@@ -68,8 +69,10 @@ class InGraphEngine:
     """Within, variables made are replicated (`repl.context()`)."""
     return self.factory.scope()
 
-  def iterator(self, dataset: tf.data.Dataset):
-    """An iterator of `dataset`'s batches, one per local replica a step."""
+  def iterator(self, dataset: tf.data.Dataset, for_host=None):
+    """An iterator of `dataset`'s batches, one per local replica a step
+    (each worker is a process of its own: `for_host` is not needed)."""
+    del for_host
     return iter(dataset)
 
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,

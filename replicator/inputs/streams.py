@@ -174,8 +174,28 @@ class InputStreams:
       self._consumed[key] = taken
       if not skipped:
         dataset = dataset.skip(taken * self._mesh.devices_per_worker)
+
+    def for_host(host: int, hosts: int, replicas_per_host: int) -> tf.data.Dataset:
+      """The dataset of one host of several that one process feeds (a TPU pod
+      slice): `input_fn` called with that host's context."""
+      host_ctx = input_context.InputContext(
+          num_input_pipelines=hosts, input_pipeline_id=host,
+          num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
+      host_dataset = input_fn(host_ctx)
+      check_dataset(host_dataset, input_fn)
+      if host_dataset.element_spec != dataset.element_spec:
+        raise ValueError(
+            f"input_fn: {errors.name_of(input_fn)} gave host {host} elements "
+            f"{host_dataset.element_spec}, and host 0 {dataset.element_spec}; "
+            "every host's replicas run one step, so give every host the same "
+            "element structure and shapes.")
+      if taken and not input_context.check_skipped_by_input_fn(
+          host_dataset, host_ctx, errors.name_of(input_fn)):
+        host_dataset = host_dataset.skip(taken * replicas_per_host)
+      return host_dataset
+
     with tf.device("/device:CPU:0"):
-      return self._iterator_of(dataset), dataset.element_spec
+      return self._iterator_of(dataset, for_host), dataset.element_spec
 
   def positions(self) -> dict:
     """Steps taken from each input since it started (what a checkpoint keeps)."""

@@ -31,7 +31,9 @@ from replicator.patches import keras_compat
 from replicator.patches import nested_functions
 from replicator.patches import randomness
 
-_TF = "TensorFlow 2.16-2.21"
+# The versions CI tests (`_tf_check.TESTED`): the whole suite on 2.21, and on
+# 2.20 the TPU engine's tests, whose steps install these patches.
+_TF = "TensorFlow 2.20-2.21"
 _KERAS = "Keras 3.x (3.15 checked)"
 
 

@@ -34,6 +34,7 @@ class StrategyEngine:
 
   def __init__(self, strategy, stand_in: bool, trace_only: bool = False):
     self.strategy = strategy
+    self.hosts = len({d.split("/device:")[0] for d in strategy.extended.worker_devices})
     self._stand_in = stand_in
     self.trace_only = trace_only
     self._creator = variables.VariableCreator()
@@ -50,14 +51,19 @@ class StrategyEngine:
     with self.strategy.scope(), tf.variable_creator_scope(self._creator):
       yield
 
-  def iterator(self, dataset: tf.data.Dataset):
+  def iterator(self, dataset: tf.data.Dataset, for_host=None):
     """A distributed iterator over `dataset` (consecutive elements to
-    consecutive replicas, one per replica a step)."""
-    # Grouped and ungrouped, so that a last group with too few batches for
-    # every replica is dropped: the data has run out, as on the in-graph engine
-    # (tf.distribute would give the replicas left over empty batches).
+    consecutive replicas, one per replica a step).
+
+    On several TPU hosts (a pod slice, one process feeding every host),
+    `for_host(host, hosts, replicas_per_host)` makes each host's own
+    dataset, as `distribute_datasets_from_function` asks for it.
+    """
+    if self.hosts > 1:
+      return iter(self.strategy.distribute_datasets_from_function(
+          lambda context: self.host_dataset(for_host, context)))
     local = len(self.strategy.extended.worker_devices)
-    grouped = dataset.batch(local, drop_remainder=True).unbatch()
+    grouped = _whole_groups(dataset, local)
     if not self._stand_in:
       return iter(self.strategy.distribute_datasets_from_function(
           lambda unused_context: grouped))
@@ -73,6 +79,12 @@ class StrategyEngine:
         tf.distribute.InputOptions(
             experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
             experimental_fetch_to_device=False)))
+
+  def host_dataset(self, for_host, context: tf.distribute.InputContext):
+    """The dataset of the host `context` names, for its own cores."""
+    per_host = self.strategy.num_replicas_in_sync // context.num_input_pipelines
+    return _whole_groups(for_host(context.input_pipeline_id,
+                                  context.num_input_pipelines, per_host), per_host)
 
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
           element_spec, steps: int, args: Sequence[Any], *,
@@ -116,3 +128,10 @@ class StrategyEngine:
 
   def clear(self):
     self._steps.clear()
+
+
+def _whole_groups(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
+  """`dataset` without a last group of elements too few for every replica:
+  the data has run out, as on the in-graph engine (tf.distribute would give
+  the replicas left over empty batches)."""
+  return dataset.batch(replicas, drop_remainder=True).unbatch()

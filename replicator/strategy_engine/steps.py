@@ -145,7 +145,7 @@ class StrategyStep:
         compiled.experimental_get_compiler_ir(*batch)(stage="hlo")
     except (tf.errors.OpError, ValueError) as error:
       unsupported = step_checks.xla_unsupported(
-          error, self._step_fn, "a TPU step is one XLA computation (the stand-in "
+          error, self._step_fn, "a TPU step is one XLA computation (the emulator "
           "compiles it the same way)")
       if unsupported is not None:
         raise unsupported from error

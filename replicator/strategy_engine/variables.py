@@ -291,7 +291,8 @@ def _assign_initial_values(lifted):
       computed = tf.function(_lifted([value for _, value, _ in batch]),
                              autograph=False).get_concrete_function()()
       for (variable, _, _), value in zip(batch, computed):
-        variable.assign(value)
+        for copy in variable.values:  # each copy as itself (not through a packed handle)
+          copy.assign(value)
 
 
 def _lifted(values):

@@ -437,7 +437,7 @@ def test_sum_in_float32_without_compression_is_an_error():
     replicator.AllReduceOptions(sum_in_float32=True)
 
 
-@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"])
+@pytest.mark.parametrize("name", ["multi_gpu_2", "multi_gpu_4", "tpu_engine_2"])
 @pytest.mark.parametrize("kind", ["sum", "mean", "max", "gather", "broadcast"])
 @pytest.mark.parametrize("how", ["GradientTape", "tf.gradients"])
 def test_gradients_flow_through_collectives_as_on_one_device(name, kind, how):
@@ -485,7 +485,7 @@ def test_gradients_flow_through_collectives_as_on_one_device(name, kind, how):
     np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_4", "tpu_engine_2"])
 def test_scalars_and_booleans(name):
   """all_gather of scalars is a vector; all_max / all_min of booleans are any / all."""
   repl = catalogue.make(name)

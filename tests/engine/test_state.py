@@ -286,26 +286,44 @@ def test_random_draws_differ_between_replicas_and_repeat_with_the_seed(name):
     return {k: v.numpy() for k, v in repl.run(step_fn).items()}
 
   first, second = draw(), draw()
-  # Replica 0 draws what the same generator draws on one device (compiled
-  # alike: XLA's normal draws differ from TensorFlow's kernel's).
+  # Replica 0 draws what the same generator draws on one device.
   one_device = tf.random.Generator.from_seed(4)
   np.testing.assert_allclose(
-      first["tf.random.Generator"][0],
-      tf.function(lambda: one_device.normal([4]),
-                  jit_compile=name.startswith("tpu_emulated"))(),
+      first["tf.random.Generator"][0], tf.function(lambda: one_device.normal([4]))(),
       rtol=1e-6)
-  # XLA (the TPU emulator, like a TPU) does not honour seeds of stateful
-  # tf.random ops; the generators' streams are reproducible everywhere.
-  # (The strategy engine's stand-in runs TensorFlow's kernels: they do.)
-  reproducible = (["generator", "tf.random.Generator"] if name.startswith("tpu_emulated")
-                  else list(first))
+  # Every stream is reproducible: the strategy engine's stand-in (the TPU
+  # emulator) checks that XLA compiles the step, then runs TensorFlow's
+  # kernels, which honour the seeds of stateful tf.random ops (on a TPU,
+  # XLA ignores them; the generators' streams are reproducible there too).
   for key, values in first.items():
     n = values.shape[0]
     for a in range(n):
       for b in range(a + 1, n):
         assert not np.allclose(values[a], values[b]), (key, a, b)
-    if key in reproducible:
-      np.testing.assert_array_equal(values, second[key])
+    np.testing.assert_array_equal(values, second[key])
+
+
+def test_a_generator_in_an_xla_compiled_step_draws_what_one_device_draws_compiled():
+  # XLA's normal draws differ from TensorFlow's kernel's: compiled alike,
+  # a generator made in the context draws what it draws on one device; XLA
+  # ignores the seeds of stateful tf.random ops, the generators' streams are
+  # reproducible.
+  def draw():
+    repl = replicator.GpuReplicator(device="/cpu:0", jit_compile=True)
+    generator = repl.random_generator(seed=3)
+    with repl.context():
+      made_in_context = tf.random.Generator.from_seed(4)
+    return {k: v.numpy() for k, v in repl.run(lambda: {
+        "generator": generator.normal([4]),
+        "tf.random.Generator": made_in_context.normal([4])}).items()}
+
+  first, second = draw(), draw()
+  one_device = tf.random.Generator.from_seed(4)
+  np.testing.assert_allclose(
+      first["tf.random.Generator"][0],
+      tf.function(lambda: one_device.normal([4]), jit_compile=True)(), rtol=1e-6)
+  for key, values in first.items():
+    np.testing.assert_array_equal(values, second[key], err_msg=key)
 
 
 @pytest.mark.parametrize("name", list(catalogue.REPLICATORS))

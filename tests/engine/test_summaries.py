@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import catalogue
+import replicator
 
 
 @pytest.mark.parametrize("name", catalogue.NOT_XLA)
@@ -58,8 +59,12 @@ def test_summaries_outside_a_step_are_untouched(tmp_path):
   assert catalogue.summary_events(tmp_path, "eager") == [(3, 5.0)]
 
 
-def test_a_summary_in_an_xla_compiled_step_is_refused_by_name(tmp_path):
-  repl = catalogue.make("tpu_emulated_2")
+@pytest.mark.parametrize("make", [
+    lambda: catalogue.make("tpu_engine_2"),  # the TPU's engine, emulated
+    lambda: replicator.GpuReplicator(device="/cpu:0", jit_compile=True),  # in-graph, XLA
+], ids=["tpu_engine_2", "gpu_jit_compile"])
+def test_a_summary_in_an_xla_compiled_step_is_refused_by_name(make, tmp_path):
+  repl = make()
   writer = tf.summary.create_file_writer(str(tmp_path))
 
   def step_fn():

@@ -101,6 +101,7 @@ def _run_smoke(name, tmp_path, **env_vars):
   seconds = time.monotonic() - start
   assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
   assert not list(cwd.iterdir())  # everything went to the work directory
+  assert "pip install" not in done.stdout  # the install cell skips itself
   return done.stdout, work, seconds
 
 
@@ -110,8 +111,9 @@ def _in_order(text, lines):
   assert positions == sorted(positions), text[-4000:]
 
 
+# The TPU's engine, emulated on a stand-in strategy over 2 logical CPU devices.
 _EMULATED = ("TpuReplicator: 2 replica(s) on 1 worker(s); this worker's devices: "
-             "TPU:0, TPU:1")
+             "CPU:0, CPU:1")
 
 
 @pytest.mark.slow
@@ -163,3 +165,85 @@ def test_gan_notebook_runs_its_imagenet128_cell_on_synthetic_data(tmp_path):
   assert results["config"]["g_ch"] == 1 and results["config"]["num_classes"] == 1000
   assert set(results["runs"][0]["history"][-1]) == {
       "step", "inception_score", "frechet_inception_distance"}
+
+
+_LIBTPU_RELEASES = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+
+
+def _install_commands(name, tensorflow_imports, tmp_path, installs_tensorflow=True):
+  """The commands the install cell runs on a runtime (not in smoke mode), recorded.
+
+  Its `python -c` check that TensorFlow imports exits 0 if `tensorflow_imports`,
+  or once a pip command has installed tensorflow-tpu (if `installs_tensorflow`);
+  nothing runs, nothing is downloaded.
+  """
+  source = dict(_code_cells(_load(name)))["install"]
+  commands, installed = [], [tensorflow_imports]
+
+  def run(command, cwd=None, check=True):
+    commands.append(list(command))
+    if command[1] == "-c":
+      return (0 if installed[0] else 1), []
+    if "tensorflow-tpu==2.20.*" in command and installs_tensorflow:
+      installed[0] = True
+    return 0, []
+
+  namespace = {"__name__": "__main__", "SMOKE": False, "REPO": str(ROOT), "REPO_URL": "",
+               "WORK": str(tmp_path), "os": os, "sys": sys, "run": run}
+  exec(compile(source, f"<cell install of {name}>", "exec"), namespace)  # pylint: disable=exec-used
+  return commands, namespace
+
+
+_REPOSITORY = [sys.executable, "-m", "pip", "install", "-q", "-e", f"{ROOT}[examples]"]
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_install_cell_keeps_a_tensorflow_that_imports(name, tmp_path):
+  commands, namespace = _install_commands(name, True, tmp_path)
+  check = [sys.executable, "-c", namespace["IMPORT_TENSORFLOW"]]
+  assert commands == [check, _REPOSITORY]
+  # No pip command names a TensorFlow.
+  assert not [command for command in commands if command[1:3] == ["-m", "pip"]
+              and any("tensorflow" in arg or "[tf" in arg for arg in command)]
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_install_cell_without_tensorflow_installs_tensorflow_tpu_2_20_then_the_repository(
+    name, tmp_path):
+  commands, namespace = _install_commands(name, False, tmp_path)
+  check = [sys.executable, "-c", namespace["IMPORT_TENSORFLOW"]]
+  assert commands == [
+      check,
+      [sys.executable, "-m", "pip", "install", "-q", "tensorflow-tpu==2.20.*",
+       "-f", _LIBTPU_RELEASES],
+      check,
+      _REPOSITORY]
+  # Never an extra that installs a second TensorFlow over tensorflow-tpu.
+  assert not [arg for command in commands for arg in command if "[tf" in arg]
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_install_cell_stops_when_tensorflow_tpu_does_not_import(name, tmp_path):
+  with pytest.raises(RuntimeError, match="yet `import tensorflow` still fails"):
+    _install_commands(name, False, tmp_path, installs_tensorflow=False)
+
+
+def test_both_notebooks_install_alike():
+  gan, resnet = (dict(_code_cells(_load(name)))["install"] for name in ("gan", "resnet"))
+  assert gan == resnet
+
+
+def test_install_cells_check_that_tensorflow_imports_in_a_child_process(tmp_path):
+  """The check itself, run: 0 where TensorFlow imports (here), 1 where it fails."""
+  _, namespace = _install_commands("gan", True, tmp_path)
+  script = namespace["IMPORT_TENSORFLOW"]
+  here = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        cwd=tmp_path, timeout=300)
+  assert here.returncode == 0 and "TensorFlow 2." in here.stdout, here.stderr[-2000:]
+  broken = tmp_path / "broken"
+  (broken / "tensorflow").mkdir(parents=True)
+  (broken / "tensorflow" / "__init__.py").write_text("raise ImportError('no libtpu')\n")
+  env = {**os.environ, "PYTHONPATH": str(broken)}
+  fails = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300)
+  assert fails.returncode == 1 and "import tensorflow fails here" in fails.stderr

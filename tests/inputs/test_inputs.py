@@ -14,7 +14,7 @@ def _examples(n):
   return x, y
 
 
-@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4", "tpu_emulated_2", "tpu_engine_2"])
+@pytest.mark.parametrize("name", ["gpu", "multi_gpu_2", "multi_gpu_4", "tpu_engine_2"])
 @pytest.mark.parametrize("n", [1, 10, 16])
 def test_an_evaluation_pass_counts_every_example_once(name, n):
   repl = catalogue.make(name)

@@ -108,8 +108,7 @@ def test_random_numbers_drawn_in_a_tf_function_differ_between_replicas(name):
   out = repl.run(lambda: {"nested": noise(), "direct": tf.random.normal([4], seed=1)})
   nested, direct = out["nested"].numpy(), out["direct"].numpy()
   assert len({tuple(row) for row in nested}) == repl.num_replicas
-  if not catalogue.runs_xla(name):  # XLA ignores the seeds of stateful random ops
-    np.testing.assert_array_equal(nested, direct)  # as if drawn in step_fn itself
+  np.testing.assert_array_equal(nested, direct)  # as if drawn in step_fn itself
 
 
 def test_a_replicated_variable_can_be_a_tf_function_argument():

@@ -2,6 +2,9 @@
 engine, and the errors a TPU gives before a step runs (on the stand-in)."""
 
 import os
+import re
+import subprocess
+import sys
 import time
 from unittest import mock
 
@@ -15,6 +18,7 @@ import catalogue
 import replicator
 from replicator import testing
 from replicator import tpu
+from replicator.strategy_engine import engine as strategy_engine
 
 
 @pytest.mark.parametrize("argument,environment,want", [
@@ -57,7 +61,7 @@ def tpu_found(monkeypatch):
   monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
                       lambda resolver: connected.append(("initialize", resolver.tpu)))
   monkeypatch.setattr(snt.distribute, "TpuReplicator",
-                      lambda resolver: testing._StandIn(  # pylint: disable=protected-access
+                      lambda resolver: tpu._StandIn(  # pylint: disable=protected-access
                           devices=["/cpu:0", "/cpu:1"]))
   return connected
 
@@ -98,6 +102,35 @@ def test_the_emulator_runs_one_host():
   with pytest.raises(ValueError, match="num_workers: 2 TPU hosts requested with "
                      "emulate_on_cpu=True.*num_workers=1"):
     replicator.TpuReplicator(num_workers=2, emulate_on_cpu=True)
+
+
+def test_the_emulator_is_the_strategy_engine_on_logical_cpus():
+  repl = replicator.TpuReplicator(num_tpu_cores_per_worker=2, emulate_on_cpu=True)
+  assert isinstance(repl._engine, strategy_engine.StrategyEngine)  # pylint: disable=protected-access
+  assert repl.mesh.local_devices == ("CPU:0", "CPU:1")
+  np.testing.assert_array_equal(
+      repl.run(lambda: tf.cast(repl.replica_id, tf.float32) + 1.0), [1.0, 2.0])
+
+
+_TOO_LATE = """
+import tensorflow as tf
+import replicator
+tf.constant(1.0) + 1.0  # TensorFlow starts with one CPU device
+try:
+  replicator.TpuReplicator(num_tpu_cores_per_worker=4, emulate_on_cpu=True)
+except RuntimeError as error:
+  print(error)
+"""
+
+
+def test_the_emulator_says_when_the_cpu_can_no_longer_be_split():
+  result = subprocess.run([sys.executable, "-c", _TOO_LATE], capture_output=True,
+                          text=True, timeout=300, check=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+  assert re.search(
+      r"emulate_on_cpu: num_tpu_cores_per_worker=4 .* already started with 1 logical "
+      r"CPU device\(s\)\. .*configure_logical_cpus\(4\).*--cpu_replicas 4.*"
+      r"num_tpu_cores_per_worker=1\.", result.stdout), result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("num_replicas", [0, 2.0, "2"])
