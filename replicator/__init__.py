@@ -13,6 +13,7 @@ from replicator import testing
 from replicator.base import Replicator
 from replicator.errors import ReplicasDiverged
 from replicator.checkpoint import Checkpointer
+from replicator.errors import CheckpointCorrupted
 from replicator.errors import WorkerLost
 from replicator.collectives.reduce_options import AllReduceOptions
 from replicator.collectives.reduce_options import Compression
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = (
     "AllReduceOptions",
+    "CheckpointCorrupted",
     "Checkpointer",
     "Compression",
     "GpuReplicator",

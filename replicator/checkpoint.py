@@ -3,7 +3,6 @@
 import json
 import logging
 import os
-import re
 import uuid
 from typing import Optional
 
@@ -12,6 +11,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from replicator import base
+from replicator import checkpoint_files
 from replicator import mesh as mesh_lib
 from replicator import optimizers
 from replicator.collectives import replica_context
@@ -110,18 +110,7 @@ class Checkpointer:
     return pointer
 
   def _corrupt(self, path: str, found: str) -> ValueError:
-    """The error of a pointer file that cannot be read, listing what it could point to."""
-    names = sorted({os.path.basename(f)[:-len(".index")] for f in tf.io.gfile.glob(
-        os.path.join(self._directory, "ckpt-*.index"))}, key=lambda n: (_step_of(n) or 0, n))
-    example = names[-1] if names else "ckpt-<step>-<id>"
-    return ValueError(
-        f"{path}: expected the pointer file {POINTER} that Checkpointer.save writes, "
-        f"found {found}. Nothing was restored, written or deleted. The checkpoints in "
-        f"{self._directory!r} are {names or 'none'}; restore_latest restores the one "
-        f"the pointer names, so repair the file to name one, e.g. {{\"step\": "
-        f"{_step_of(example) if names else '<step>'}, \"checkpoint\": \"{example}\"}}, "
-        f"or delete {POINTER} to start over (the next save then deletes the "
-        "checkpoints it does not name: move them away first to keep them).")
+    return checkpoint_files.pointer_unreadable(self._directory, path, found, POINTER)
 
   @property
   def latest_step(self) -> Optional[int]:
@@ -161,36 +150,22 @@ class Checkpointer:
     kept = [p for p in previous.get("all", []) if p not in superseded] + [name]
     pointer = {"step": step, "checkpoint": name, "all": kept[-self._max_to_keep:],
                "replicators": _input_records(self._trackables)}
+    # The input positions of the checkpoints kept before it, for a fall-back.
+    earlier = previous.get("earlier_replicators")
+    earlier = dict(earlier) if isinstance(earlier, dict) else {}
+    if "checkpoint" in previous:
+      earlier[previous["checkpoint"]] = previous.get("replicators") or []
+    pointer["earlier_replicators"] = {n: earlier[n] for n in pointer["all"] if n in earlier}
     temporary = os.path.join(self._directory, f".{POINTER}.tmp-{os.getpid()}")
     with tf.io.gfile.GFile(temporary, "w") as f:
       json.dump(pointer, f)
     tf.io.gfile.rename(temporary, os.path.join(self._directory, POINTER),
                        overwrite=True)
-    self._remove_all_but(pointer["all"], superseded + kept[:-self._max_to_keep])
+    checkpoint_files.remove_all_but(self._directory, pointer["all"],
+                                    superseded + kept[:-self._max_to_keep], POINTER)
     return path
 
-  def _remove_all_but(self, kept, dropped):
-    """Deletes the `dropped` checkpoints and any other of ours not in `kept`.
-
-    Others of ours (a unique name that no pointer names) are left by a save
-    that crashed before its pointer was written: its files, the folder
-    `<name>_temp` where TensorFlow writes the shards before merging them, and
-    the copy of the pointer that was to replace it.
-    """
-    for file in tf.io.gfile.glob(os.path.join(self._directory, "ckpt-*")):
-      name = os.path.basename(file).split(".")[0]
-      shards = name.endswith(_SHARDS_FOLDER)
-      name = name[:-len(_SHARDS_FOLDER)] if shards else name
-      if not (name in dropped or (_is_unique_name(name) and name not in kept)):
-        continue
-      if not tf.io.gfile.isdir(file):
-        tf.io.gfile.remove(file)
-      elif shards:  # TensorFlow's folder only, never another directory
-        tf.io.gfile.rmtree(file)
-    for file in tf.io.gfile.glob(os.path.join(self._directory, f".{POINTER}.tmp-*")):
-      tf.io.gfile.remove(file)  # this save's own copy was renamed before
-
-  def restore_latest(self, *, allow_missing=()) -> Optional[int]:
+  def restore_latest(self, *, allow_missing=(), fall_back: bool = False) -> Optional[int]:
     """Restores the newest complete checkpoint; returns its step (None if none).
 
     The step returned is the number `save` was given: the steps completed, so
@@ -204,8 +179,15 @@ class Checkpointer:
       allow_missing: names given to the constructor that the checkpoint may
         lack (state added to a script after the checkpoint was written): those
         keep their values, with a warning.
+      fall_back: where the newest checkpoint's files do not read whole, restore
+        the newest earlier one that does (its inputs' positions too), log that
+        it did, and return its step, instead of raising `CheckpointCorrupted`.
+        Nothing is deleted.
 
     Raises:
+      CheckpointCorrupted: the newest checkpoint's files do not read whole
+        (every tensor is read first; on every worker where any finds so), naming
+        the file, what is wrong and the previous checkpoint that reads whole.
       ValueError: a name given to the constructor is not in the checkpoint
         (nor in `allow_missing`), `latest.json` is not a pointer that `save`
         wrote, or (on several workers, raised on every one) the workers do
@@ -215,6 +197,8 @@ class Checkpointer:
     _check_outside_steps("restore_latest", "call checkpointer.restore_latest() before "
                          "the repl.run calls, outside step_fn and any tf.function")
     allow_missing = self._check_allow_missing(allow_missing)
+    if not isinstance(fall_back, bool):
+      raise TypeError(f"fall_back: expected True or False, got {fall_back!r}.")
     try:
       pointer = self._read_pointer()
     except ValueError:  # the others must not wait for this worker in the check
@@ -223,19 +207,48 @@ class Checkpointer:
     self._check_workers_agree(None if pointer is None else int(pointer["step"]))
     if pointer is None:
       return None
-    path = os.path.join(self._directory, pointer["checkpoint"])
+    name, step, records = self._restorable(pointer, fall_back)
+    path = os.path.join(self._directory, name)
     self._restoring = tf.train.Checkpoint(**self._matched(path, allow_missing))
     self._restoring.read(path).expect_partial()  # unbuilt variables come later
-    records = pointer.get("replicators")
-    if records is None and "inputs" in pointer:  # one record at the top level
-      records = [{"inputs": pointer["inputs"], "topology": pointer["topology"]}]
     saved = positions.SavedPositions(records or [])
     for repl in _open_replicators():
       repl.resume_inputs(saved)
-    return int(pointer["step"])
+    return step
 
-  def _check_workers_agree(self, step: Optional[int]):
-    """Raises on every worker unless every worker sees the newest checkpoint at `step`."""
+  def _restorable(self, pointer: dict, fall_back: bool):
+    """`(name, step, input records)` of the checkpoint to restore: the newest
+    if its files read whole on every worker; else, with `fall_back`, the newest
+    earlier one that does (every worker finding the same); else raises."""
+    name, step = pointer["checkpoint"], int(pointer["step"])
+    records = pointer.get("replicators")
+    if records is None and "inputs" in pointer:  # one record at the top level
+      records = [{"inputs": pointer["inputs"], "topology": pointer["topology"]}]
+    found = checkpoint_files.damage(os.path.join(self._directory, name))
+    workers = _clustered_replicator()
+    if workers is not None:  # damaged where any worker finds it so
+      (fewest,) = workers._across_workers([-int(found is not None)], "Min")  # pylint: disable=protected-access
+      if fewest < 0 and found is None:
+        found = (os.path.join(self._directory, name), "another worker could not read "
+                 "its files whole")
+    if found is None:
+      return name, step, records
+    previous = checkpoint_files.newest_restorable(self._directory, pointer.get("all", []),
+                                                  name)
+    self._check_workers_agree(None if previous is None else _step_of(previous),
+                              "previous checkpoints that read whole")
+    error = checkpoint_files.corrupted(self._directory, name, step, found, previous)
+    if not fall_back or previous is None:
+      raise error
+    records = (pointer.get("earlier_replicators") or {}).get(previous)
+    logging.warning("replicator: restore_latest(fall_back=True) restores %s, step %d, "
+                    "instead of the newest: %s%s", previous, _step_of(previous), error,
+                    "" if records is not None else " The pointer file has no input "
+                    "positions for it: inputs start from their beginning.")
+    return previous, _step_of(previous), records
+
+  def _check_workers_agree(self, step: Optional[int], what: str = "newest checkpoints"):
+    """Raises on every worker unless every worker sees the checkpoint at `step`."""
     workers = _clustered_replicator()
     if workers is None:
       return
@@ -246,7 +259,7 @@ class Checkpointer:
     seen = lambda s: ("none" if s == -1 else f"an unreadable {POINTER}"
                       if s == _UNREADABLE else f"step {s}")
     raise ValueError(
-        f"directory: the workers see different newest checkpoints in "
+        f"directory: the workers see different {what} in "
         f"{self._directory!r} (this worker, {workers.mesh.worker_index}: "
         f"{seen(mine)}; from {seen(low)} to {seen(-negated_high)} across workers), "
         "so they would restore different states. Only the chief writes: give "
@@ -315,11 +328,7 @@ def _is_optimizer(trackable) -> bool:
   return True
 
 
-_NAME = re.compile(r"^ckpt-(\d+)(-[0-9a-f]{12})?$")  # suffixed: a unique name
-# TensorFlow's checkpoint writer puts the shards of `<prefix>` in this folder,
-# `<prefix>_temp/part-<shard>-of-<shards>.*`, then merges them into `<prefix>.*`
-# and deletes the folder (python/checkpoint/functional_saver.py).
-_SHARDS_FOLDER = "_temp"
+_step_of = checkpoint_files.step_of
 _UNREADABLE = -2  # the step a worker reports when its pointer file is corrupt
 
 
@@ -335,16 +344,6 @@ def _check_outside_steps(method: str, fix: str):
         f"{method}: called inside step_fn or a tf.function, where it would run once "
         "while the step is traced instead of when the step runs. Checkpointer reads "
         f"and writes files from plain Python: {fix}.")
-
-
-def _step_of(name: str) -> Optional[int]:
-  match = _NAME.match(name)
-  return int(match.group(1)) if match else None
-
-
-def _is_unique_name(name: str) -> bool:
-  match = _NAME.match(name)
-  return bool(match and match.group(2))
 
 
 def _open_replicators():

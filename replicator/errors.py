@@ -67,3 +67,33 @@ class WorkerLost(RuntimeError):
 
 class ReplicasDiverged(AssertionError):
   """Raised by `assert_replicas_in_sync` when copies of a variable differ."""
+
+
+class CheckpointCorrupted(ValueError):
+  """A checkpoint's files do not read whole: nothing was restored or deleted.
+
+  Raised by `Checkpointer.restore_latest` for a data file that is truncated or
+  missing, bytes changed after they were written (where TensorFlow's checksums
+  find them), or an index that does not parse. `restore_latest(fall_back=True)`
+  restores `previous` instead, where there is one.
+
+  Attributes:
+    checkpoint: the damaged checkpoint's name (`ckpt-<step>-<id>`).
+    step: the step it was saved at.
+    path: the file that is damaged or missing.
+    problem: what is wrong with it.
+    previous: the newest earlier checkpoint whose files read whole (None if
+      none).
+    previous_step: its step (None if none).
+  """
+
+  def __init__(self, message: str, *, checkpoint: str, step: int, path: str,
+               problem: str, previous: Optional[str] = None,
+               previous_step: Optional[int] = None):
+    super().__init__(message)
+    self.checkpoint = checkpoint
+    self.step = step
+    self.path = path
+    self.problem = problem
+    self.previous = previous
+    self.previous_step = previous_step

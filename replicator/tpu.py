@@ -213,6 +213,7 @@ class TpuReplicator(base.Replicator):
             f"input_fn: {name} gives {spec}; a TPU step takes dense numeric "
             "tensors only. Decode strings, pad ragged values and densify sparse "
             "ones inside input_fn (dataset.map), keeping only numbers.")
+      # A scalar's shape, (), is static: each core takes one a step.
       if not spec.shape.is_fully_defined():
         raise ValueError(
             f"input_fn: {name} gives elements of shape {spec.shape}; a TPU "

@@ -19,6 +19,7 @@ LAYERS = {
     "base": 6,                             # `Replicator`, written once
     "gpu": 7, "tpu": 7,
     "launch_supervisor": 7,                # the launcher's processes, below its command line
+    "checkpoint_files": 7,                 # a checkpoint's files, below Checkpointer
     "checkpoint": 8, "launch": 8, "testing": 8,  # testing builds a TpuReplicator
     "__init__": 9,
 }

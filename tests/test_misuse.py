@@ -145,12 +145,16 @@ def test_per_replica_batch_size_of_a_non_positive_or_non_int(global_batch_size):
   assert ctx.per_replica_batch_size(np.int64(8)) == 4
 
 
-def test_an_unbatched_dataset_of_scalars_names_input_fn():
+def test_an_unbatched_dataset_of_scalars_runs_and_a_step_needing_a_batch_names_input_fn():
+  """Each replica takes one element a step, of any rank (as tf.distribute feeds
+  them); where step_fn needs a batch, the error on the shape names input_fn and
+  the fix."""
   repl = catalogue.make("multi_gpu_2")
   unbatched = lambda ctx: tf.data.Dataset.from_tensor_slices(np.arange(8.0, dtype=np.float32))
-  with pytest.raises(ValueError, match=r"input_fn: .* has no batch dimension.*"
-                                       r"ds.batch\(ctx.per_replica_batch_size"):
-    repl.run(lambda x: x, unbatched)
+  np.testing.assert_array_equal(repl.run(lambda x: x, unbatched).numpy(), [0.0, 1.0])
+  with pytest.raises(ValueError, match=r"(?s)input_fn: .* element is a scalar .*no batch "
+                                       r"dimension.*ds.batch\(ctx.per_replica_batch_size"):
+    repl.run(lambda x: x[0], unbatched)
 
   def batched(ctx):
     return unbatched(ctx).batch(ctx.per_replica_batch_size(4), drop_remainder=True)

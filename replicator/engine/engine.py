@@ -166,8 +166,18 @@ class InGraphEngine:
       shapes = step_checks.output_shape_error(error, step_fn)
       if shapes is not None:
         raise shapes from error
+      unbatched = step_checks.unbatched_input(error, step_fn, input_fn,
+                                              compiled.element_spec)
+      if unbatched is not None:
+        raise unbatched from error
       if self._peers is not None:
         self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
+      raise
+    except (ValueError, TypeError) as error:  # step_fn's trace failed
+      unbatched = step_checks.unbatched_input(error, step_fn, input_fn,
+                                              compiled.element_spec)
+      if unbatched is not None:
+        raise unbatched from error
       raise
 
   def copies(self, variable) -> Sequence[tf.Variable]:

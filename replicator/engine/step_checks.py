@@ -10,6 +10,7 @@ terms of step_fn.
 import re
 
 import tensorflow as tf
+from tensorflow.python.util import nest
 
 from replicator import errors
 from replicator.collectives import between_workers
@@ -45,6 +46,45 @@ def xla_unsupported(error: Exception, step_fn, compiled_by: str):
     return type(error)(error.node_def, error.op, message)
   # The strategy engine's check compiles to HLO, which reports a ValueError.
   return tf.errors.InvalidArgumentError(None, None, message)
+
+
+# How TensorFlow, Keras and Sonnet say that a tensor has the wrong rank or shape.
+_SHAPE_WORDS = re.compile(r"rank|shape|ndim|dims\b|dimension", re.IGNORECASE)
+
+
+def unbatched_input(error: Exception, step_fn, input_fn, element_spec):
+  """`error` with the hint that `input_fn` may have forgotten `.batch()`, or None.
+
+  Each replica takes one element a step, of any rank (a per-replica seed or
+  index is a scalar), so an element without a batch dimension is no error. A
+  step written for a batch fails on a shape when it gets one example instead:
+  there, where the element has a scalar leaf, the error says so. Errors of
+  the library's own (`step_fn: ...`) already say what to do, and keep their
+  words.
+  """
+  if (element_spec is None
+      or not isinstance(error, (ValueError, TypeError, tf.errors.InvalidArgumentError))
+      or (not isinstance(error, tf.errors.OpError)
+          and type(error) not in (ValueError, TypeError))):
+    return None
+  text = str(error)
+  if text.startswith(("step_fn", "input_fn")) or not _SHAPE_WORDS.search(text):
+    return None
+  scalars = [(path, spec) for path, spec in nest.flatten_with_joined_string_paths(
+      element_spec) if getattr(spec, "shape", None) is not None and spec.shape.rank == 0]
+  if not scalars:
+    return None
+  path, spec = scalars[0]
+  where = f"element's leaf {path!r}" if path else "element"
+  message = (
+      f"{text.rstrip()}\n\ninput_fn: {errors.name_of(input_fn)} gives each replica one "
+      f"element a step, and its {where} is a scalar ({spec}), with no batch "
+      f"dimension. If step_fn {errors.name_of(step_fn)} expects a batch, batch "
+      "the dataset in input_fn: return ds.batch(ctx.per_replica_batch_size("
+      "GLOBAL_BATCH), drop_remainder=True).")
+  if isinstance(error, tf.errors.OpError):
+    return type(error)(error.node_def, error.op, message)
+  return type(error)(message)
 
 
 def check_outputs(outputs, step_fn):

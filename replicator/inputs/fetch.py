@@ -66,8 +66,10 @@ def why_stopped(status: tf.Tensor, signum: Optional[Callable[[], tf.Tensor]] = N
 def _batch_leaf(element_spec):
   """`(index, static batch size or None)` of the first batched element leaf.
 
-  `(None, 0)` when no leaf has a batch dimension. A leaf of unknown rank
-  (from `tf.py_function`, say) may have one, of a size known at run time.
+  `(None, 0)` when no leaf has a batch dimension (every leaf a scalar: each
+  replica takes one element a step, and a step's elements are always even). A
+  leaf of unknown rank (from `tf.py_function`, say) may have one, of a size
+  known at run time (a scalar's counts as -1 on every replica: even too).
   """
   for index, spec in enumerate(tf.nest.flatten(element_spec)):
     shape = getattr(spec, "shape", None)
@@ -83,7 +85,8 @@ def _batch_size(value) -> tf.Tensor:
     return value.nrows(out_type=tf.int64)
   if isinstance(value, tf.SparseTensor):
     return value.dense_shape[0]
-  # -1 for a scalar (a leaf of unknown rank may turn out to be one)
+  # -1 for a scalar (a leaf of unknown rank may turn out to be one): one size
+  # for every replica's scalar, so a step of scalars is never uneven
   return tf.concat([tf.shape(value, out_type=tf.int64), [-1]], 0)[0]
 
 

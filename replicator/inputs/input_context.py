@@ -214,6 +214,8 @@ def allow_uneven_batches(dataset: tf.data.Dataset) -> tf.data.Dataset:
   global count, `repl.all_sum(count)`, and reduce gradients with
   `wrap_optimizer(..., gradient_reduction=ReduceOp.SUM)`. `repl.all_gather`
   concatenates parts of any sizes along its axis, on one worker or several.
+  Elements without a batch dimension (every leaf a scalar: one per replica a
+  step) are always even, marked or not.
   """
   if not isinstance(dataset, tf.data.Dataset):
     raise TypeError(f"dataset: expected a tf.data.Dataset, got {dataset!r}.")

@@ -3,7 +3,9 @@
 An input is an `input_fn` object, started at its first run and again after a
 reset or a restore. Its position (steps taken since it started) is what a
 checkpoint keeps, under a name (`positions_lib.input_name`) that a resumed script
-finds again.
+finds again. Each replica takes one element of the dataset a step, as
+`tf.distribute` gives them: a per-replica batch, or an element of any rank
+(`Dataset.range(n)` gives replica 0 the 0, replica 1 the 1, then 2 and 3).
 """
 
 import functools
@@ -11,7 +13,6 @@ import logging
 from typing import Callable
 
 import tensorflow as tf
-from tensorflow.python.util import nest
 
 from replicator import errors
 from replicator.inputs import input_context
@@ -67,24 +68,6 @@ def _unwrapped(fn):
   while isinstance(fn, functools.partial):
     fn = fn.func
   return fn
-
-
-def _check_batched(dataset: tf.data.Dataset, input_fn):
-  """Raises where an element's leaf is a scalar: it has no batch dimension.
-
-  Each element is one replica's batch. A leaf of rank 1 or more may be a batch
-  or one unbatched example (an image), which no check can tell apart; a scalar
-  (a label of an unbatched `(image, label)`, say) can only be the latter.
-  """
-  for path, spec in nest.flatten_with_joined_string_paths(dataset.element_spec):
-    if getattr(spec, "shape", None) is not None and spec.shape.rank == 0:
-      where = f"element's leaf {path!r}" if path else "element"
-      raise ValueError(
-          f"input_fn: {errors.name_of(input_fn)} returned a dataset whose "
-          f"{where} is a scalar ({spec}), so it has no batch dimension: each "
-          "element must be one replica's batch. Batch the dataset in input_fn: "
-          "return ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH), "
-          "drop_remainder=True).")
 
 
 class InputStreams:
@@ -158,7 +141,6 @@ class InputStreams:
           f"input_fn: {errors.name_of(input_fn)} returned "
           f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
           "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
-    _check_batched(dataset, input_fn)
     check_dataset(dataset, input_fn)
     skipped = input_context.check_skipped_by_input_fn(dataset, ctx,
                                                       errors.name_of(input_fn))

@@ -62,6 +62,7 @@ class StrategyReplica:
 
   def all_reduce(self, flat: List[tf.Tensor], op: ReduceOp,
                  options: reduce_options.AllReduceOptions) -> List[tf.Tensor]:
+    _check_tpu_values(flat, "all_reduce")
     if self.alone or self.num_replicas == 1:
       return [tf.identity(x) for x in flat]
     if op in (ReduceOp.MAX, ReduceOp.MIN):
@@ -77,6 +78,7 @@ class StrategyReplica:
     return [tf.cast(r, x.dtype) for r, x in zip(reduced, flat)]
 
   def all_gather(self, flat: List[tf.Tensor], axis: int) -> List[tf.Tensor]:
+    _check_tpu_values(flat, "all_gather")
     parts = [gathering.gather_part(x, axis) for x in flat]
     if self.alone:
       return [tf.concat([part] * self.num_replicas, axis) for part in parts]
@@ -85,6 +87,7 @@ class StrategyReplica:
     return self._gather(parts, axis)
 
   def broadcast(self, flat: List[tf.Tensor], source_replica: int) -> List[tf.Tensor]:
+    _check_tpu_values(flat, "broadcast")
     if self.alone or self.num_replicas == 1:
       return [tf.identity(x) for x in flat]
     is_source = tf.equal(self.replica_id(), source_replica)
@@ -100,11 +103,6 @@ class StrategyReplica:
     words (`wire.gather_words`): exact for every dtype, where a TPU's own
     gather (a one-hot mask times the value) turns inf into NaN, and with no
     merge_call (the stand-in's gather is one)."""
-    for x in flat:
-      if not x.shape.is_fully_defined():
-        raise ValueError(
-            f"value: all_gather on a TPU needs static shapes, got {x.shape}; "
-            "give the tensor a fixed shape (pad it, or tf.ensure_shape).")
     replica_id = self.replica_id()
     results = wire.gather_words(flat, replica_id, self.num_replicas, axis, _sum_words)
 
@@ -128,6 +126,23 @@ def _with_gradient(x, result, gradient):
     del value
     return tf.identity(result), gradient
   return collective(x)
+
+
+def _check_tpu_values(flat, method: str):
+  """Raises for a value no TPU collective can carry: one that is not a
+  number or a boolean, or whose shape is known only at run time."""
+  for x in flat:
+    if not (x.dtype.is_floating or x.dtype.is_integer or x.dtype.is_complex
+            or x.dtype == tf.bool):
+      raise TypeError(
+          f"{method}: a TPU's collectives carry numbers and booleans, got a "
+          f"{x.dtype.name} tensor. Collect numbers (token ids, codes) and turn "
+          "them into text after run.")
+    if not x.shape.is_fully_defined():
+      raise ValueError(
+          f"{method} on a TPU needs static shapes, got {x.shape}: a TPU step is "
+          "one XLA computation of fixed shapes. Give the tensor a fixed shape "
+          "(pad it to the largest size, or tf.ensure_shape it).")
 
 
 # Maxima and minima of a gather; of booleans: any, every.

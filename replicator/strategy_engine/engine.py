@@ -105,6 +105,14 @@ class StrategyEngine:
       shapes = step_checks.output_shape_error(error, step_fn)
       if shapes is not None:
         raise shapes from error
+      unbatched = step_checks.unbatched_input(error, step_fn, input_fn, element_spec)
+      if unbatched is not None:
+        raise unbatched from error
+      raise
+    except (ValueError, TypeError) as error:  # step_fn's trace failed
+      unbatched = step_checks.unbatched_input(error, step_fn, input_fn, element_spec)
+      if unbatched is not None:
+        raise unbatched from error
       raise
     count(completed)
     return completed, outputs, False

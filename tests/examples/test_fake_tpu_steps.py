@@ -87,34 +87,37 @@ def _gan_model_variables(trainer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step", ["discriminator_step", "generator_step"])
 @pytest.mark.parametrize("name", list(GAN_CONFIGS))
-def test_gan_step_traces_on_the_fake_tpu(name, step):
+def test_gan_steps_trace_on_the_fake_tpu(name):
+  """The discriminator's step and the generator's, each traced and compared."""
   config = GAN_CONFIGS[name]
-  fake, one = _fake_tpu(), _one_device()
-  trainer, input_fn = _gan(config, fake)
-  oracle, oracle_input_fn = _gan(config, one)
+  fake_repl, one_repl = _fake_tpu(), _one_device()
+  trainer, input_fn = _gan(config, fake_repl)
+  oracle, oracle_input_fn = _gan(config, one_repl)
   # GanTrainer makes the models' variables in repl.context(), from a seeded
   # draw: the same values on both.
   model_variables = _gan_model_variables(trainer)
   assert tpu_check.same_variables("models", model_variables,
                                   _gan_model_variables(oracle)) == []
   initial = _values(model_variables)
-  takes_input = step == "discriminator_step"
-  _trace_steps(fake, getattr(trainer, step), input_fn if takes_input else None)
-  one.run(getattr(oracle, step), oracle_input_fn if takes_input else None)
-  _same_outputs(fake, one)
-  # Adam's slots, made by the first trace, as the executed step made them.
-  optimizer = "d_optimizer" if takes_input else "g_optimizer"
-  slots = getattr(trainer, optimizer).variables
-  assert len(slots) > 1
-  assert tpu_check.same_variables("Adam", slots, getattr(oracle, optimizer).variables,
-                                  values=False) == []
+  for step in ("discriminator_step", "generator_step"):
+    # A record of this step's calls alone, on the same replicators.
+    fake, one = tpu_check.TracedRuns(fake_repl.repl), tpu_check.TracedRuns(one_repl.repl)
+    takes_input = step == "discriminator_step"
+    _trace_steps(fake, getattr(trainer, step), input_fn if takes_input else None)
+    one.run(getattr(oracle, step), oracle_input_fn if takes_input else None)
+    _same_outputs(fake, one)
+    # Adam's slots, made by the first trace, as the executed step made them.
+    optimizer = "d_optimizer" if takes_input else "g_optimizer"
+    slots = getattr(trainer, optimizer).variables
+    assert len(slots) > 1, step
+    assert tpu_check.same_variables("Adam", slots, getattr(oracle, optimizer).variables,
+                                    values=False) == [], step
   # Nothing ran on the fake TPU: the models still hold their initial values.
   for variable, value in zip(model_variables, initial):
     np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.name)
-  fake.shutdown()
-  one.shutdown()
+  fake_repl.shutdown()
+  one_repl.shutdown()
 
 
 # ResNets (examples/resnet): ResNet-20 on Fashion-MNIST's shapes (28x28x1, 10

@@ -511,6 +511,22 @@ def test_a_gather_of_a_shape_known_only_at_run_time_is_refused_on_the_fake_tpu()
 
   with pytest.raises(ValueError, match="all_gather on a TPU needs static shapes.*pad"):
     repl.run(step_fn, images_input([3]))
+  with pytest.raises(ValueError, match="all_reduce on a TPU needs static shapes.*pad"):
+    repl.run(lambda x: repl.all_sum(tf.boolean_mask(x, x > 0)), images_input([3]))
+
+
+@pytest.mark.parametrize("op", [pytest.param(op, id=f"{op}-fake_tpu")
+                                for op in ("all_gather", "broadcast")])
+def test_a_string_in_a_collective_is_refused_with_the_rule_on_the_fake_tpu(op):
+  repl = fake_tpu()
+
+  def step_fn():
+    getattr(repl, op)(tf.constant(["a", "b"]))
+    return tf.constant(0)
+
+  with pytest.raises(TypeError, match=f"{op}: a TPU's collectives carry numbers and "
+                     "booleans, got a string tensor"):
+    repl.run(step_fn)
 
 
 def test_running_out_of_data_and_a_step_without_input_trace_on_the_fake_tpu():
