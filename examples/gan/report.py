@@ -1,10 +1,20 @@
 """The sweep's summary over seeds, its Markdown table and its figures.
 
 `summarize` reduces the runs' records (`sweep.run_one`) to the final metrics
-per batch size; `markdown_table` writes them as ``results.md``'s table;
-`plot_quality` and `plot_samples` draw ``quality_vs_batch_size.png``,
-``quality_vs_steps.png`` and ``samples_by_batch_size.png`` from the figures
-of `quality_figures` and `samples_figure`, which tests inspect.
+per batch size, and to each run's mean over its last `mean_of_last`
+evaluations (a figure that one noisy evaluation does not decide);
+`markdown_table` writes them as ``results.md``'s table, the last evaluation's
+columns first, then the real images seen and the means of the last
+evaluations; `plot_quality` and `plot_samples` draw
+``quality_vs_batch_size.png``, ``quality_vs_steps.png``,
+``quality_vs_real_images.png``, ``quality_last_vs_mean.png`` and
+``samples_by_batch_size.png`` from the figures of `quality_figures`,
+`real_images_figure`, `last_vs_mean_figure` and `samples_figure`, which tests
+inspect.
+
+Real images seen: every discriminator step takes one global batch of real
+images and there are n_dis of them per generator step (`train.train`), so
+after s generator steps the discriminator has seen s x n_dis x global batch.
 """
 
 import os
@@ -22,8 +32,36 @@ METRIC_NAMES = {
 }
 
 
-def summarize(records: List[Dict]) -> Dict:
-  """Final metrics per batch size: mean, std, min, max over seeds."""
+def n_dis_of(record: Dict, default: Optional[int] = None) -> int:
+  """The discriminator steps per generator step of a run's record."""
+  config = (record.get("settings") or {}).get("config") or {}
+  n_dis = config.get("n_dis", default)
+  if n_dis is None:
+    raise ValueError("the record names no n_dis (settings.config.n_dis): pass "
+                     "n_dis to count the real images seen.")
+  return int(n_dis)
+
+
+def real_images_seen(record: Dict, step: int, n_dis: Optional[int] = None) -> int:
+  """Real images the discriminator has seen after `step` generator steps."""
+  return int(step) * n_dis_of(record, n_dis) * int(record["global_batch_size"])
+
+
+def _stats(values) -> Dict:
+  values = np.array(values)
+  return dict(mean=float(values.mean()), std=float(values.std()),
+              min=float(values.min()), max=float(values.max()))
+
+
+def summarize(records: List[Dict], *, mean_of_last: int = 3,
+              n_dis: Optional[int] = None) -> Dict:
+  """Per batch size: mean, std, min, max over seeds of the final metrics.
+
+  Also, under ``"mean_of_last"``, the same over seeds of each run's mean over
+  its last `mean_of_last` evaluations (``"evaluations"`` says how many were
+  averaged: fewer if a run had fewer), and ``"real_images_seen"`` per run at
+  its last step (`n_dis` when the records' settings lack it).
+  """
   summary = {}
   for record in records:
     final = record["history"][-1]
@@ -35,29 +73,62 @@ def summarize(records: List[Dict]) -> Dict:
   for entry in summary.values():
     for name in METRIC_NAMES:
       if name in entry:
-        values = np.array(entry[name]["values"])
-        entry[name].update(mean=float(values.mean()), std=float(values.std()),
-                           min=float(values.min()), max=float(values.max()))
+        entry[name].update(_stats(entry[name]["values"]))
+  for batch, entry in summary.items():
+    runs = [r for r in records if str(r["global_batch_size"]) == batch]
+    last = [r["history"][-mean_of_last:] for r in runs]
+    means = {"evaluations": min(len(h) for h in last)}
+    for name in METRIC_NAMES:
+      if name in entry:
+        values = [float(np.mean([h[name] for h in hist])) for hist in last]
+        means[name] = {"values": values, **_stats(values)}
+    entry["mean_of_last"] = means
+    try:
+      seen = {real_images_seen(r, r["history"][-1]["step"], n_dis) for r in runs}
+    except ValueError:
+      seen = set()
+    if len(seen) == 1:
+      entry["real_images_seen"] = seen.pop()
   return summary
+
+
+def _cell(m: Dict) -> str:
+  return f"{m['mean']:.3g} ± {m['std']:.2g} [{m['min']:.3g}, {m['max']:.3g}]"
 
 
 def markdown_table(summary: Dict, records: List[Dict]) -> str:
   names = [n for n in METRIC_NAMES if n in next(iter(summary.values()))]
   header = ["global batch", "seeds", *(METRIC_NAMES[n] for n in names),
             "train+eval time per run (s)"]
+  extra = all("mean_of_last" in e for e in summary.values())
+  if extra:
+    count = next(iter(summary.values()))["mean_of_last"]["evaluations"]
+    header += ["real images seen per run",
+               *(f"{METRIC_NAMES[n]}, mean of last {count} evaluations"
+                 for n in names)]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for batch, entry in sorted(summary.items(), key=lambda kv: int(kv[0])):
     cells = [batch, str(len(entry["seeds"]))]
     for name in names:
       m = entry[name]
-      cells.append(f"{m['mean']:.3g} ± {m['std']:.2g} "
-                   f"[{m['min']:.3g}, {m['max']:.3g}]")
+      cells.append(_cell(m))
     wall = np.mean([r["wall_s"] for r in records
                     if str(r["global_batch_size"]) == batch])
     cells.append(f"{wall:.0f}")
+    if extra:
+      seen = entry.get("real_images_seen")
+      cells.append("?" if seen is None else f"{seen:,}")
+      cells += [_cell(entry["mean_of_last"][name]) for name in names]
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("\nmean ± std [min, max] over seeds, after the same number of "
                "generator steps.")
+  if extra:
+    lines.append(
+        f"The first metric columns are each run's last evaluation; the last "
+        f"{len(names)} are each run's mean over its last {count} evaluations "
+        "(one evaluation is noisy), then mean ± std [min, max] over seeds. Real "
+        "images seen: generator steps x n_dis x global batch, the real images "
+        "the discriminator took.")
   return "\n".join(lines) + "\n"
 
 
@@ -159,13 +230,98 @@ def quality_figures(summary: Dict, records: List[Dict], *, dataset: str = "",
   return by_batch, by_steps
 
 
+def real_images_figure(summary: Dict, records: List[Dict], *, dataset: str = "",
+                       num_classes: Optional[int] = None,
+                       n_dis: Optional[int] = None):
+  """The figure of ``quality_vs_real_images.png``: quality per example seen.
+
+  Each metric against the real images the discriminator has seen (generator
+  steps x n_dis x global batch; log scale), one curve per batch size (line:
+  mean over seeds, band: min to max), so a larger batch that wins only by
+  seeing more data shows as curves that lie on one another.
+  """
+  plt = _pyplot()
+  names = [n for n in METRIC_NAMES if n in next(iter(summary.values()))]
+  batches = sorted(int(b) for b in summary)
+  steps, record_n_dis, num_classes = _steps_and_classes(records, num_classes)
+  n_dis = n_dis or record_n_dis
+  about = f"{dataset}: " if dataset else ""
+  figure, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 4.0),
+                              squeeze=False)
+  for ax, name in zip(axes[0], names):
+    for b in batches:
+      runs = [r for r in records if r["global_batch_size"] == b]
+      seen = [real_images_seen(runs[0], h["step"], n_dis)
+              for h in runs[0]["history"]]
+      values = np.array([[h[name] for h in r["history"]] for r in runs])
+      line, = ax.plot(seen, values.mean(0), marker=".", label=f"batch {b}")
+      ax.fill_between(seen, values.min(0), values.max(0),
+                      color=line.get_color(), alpha=0.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("real images seen by the discriminator\n"
+                  f"(generator steps x n_dis={n_dis} x global batch)")
+    _label_panel(ax, name, num_classes)
+    ax.legend(fontsize=7)
+  figure.suptitle(f"{about}sample quality per real image seen, up to {steps} "
+                  "generator steps; line: mean over seeds, band: min to max",
+                  fontsize=10)
+  figure.tight_layout()
+  return figure
+
+
+def last_vs_mean_figure(summary: Dict, records: List[Dict], *,
+                        dataset: str = "", num_classes: Optional[int] = None):
+  """The figure of ``quality_last_vs_mean.png``: last evaluation vs mean of last k.
+
+  Each metric against the global batch size twice: each run's last evaluation
+  and each run's mean over its last k evaluations (`summarize`'s
+  ``mean_of_last``), each as the mean over seeds with bars from min to max.
+  """
+  plt = _pyplot()
+  names = [n for n in METRIC_NAMES if n in next(iter(summary.values()))]
+  batches = sorted(int(b) for b in summary)
+  steps, n_dis, num_classes = _steps_and_classes(records, num_classes)
+  count = next(iter(summary.values()))["mean_of_last"]["evaluations"]
+  about = f"{dataset}: " if dataset else ""
+  after = f"{steps} generator steps" + (f" (n_dis={n_dis})" if n_dis else "")
+  figure, axes = plt.subplots(1, len(names), figsize=(4.8 * len(names), 4.0),
+                              squeeze=False)
+  for ax, name in zip(axes[0], names):
+    for shift, label, stats in (
+        (0.96, "last evaluation", [summary[str(b)][name] for b in batches]),
+        (1.04, f"mean of last {count} evaluations",
+         [summary[str(b)]["mean_of_last"][name] for b in batches])):
+      means = np.array([s["mean"] for s in stats])
+      spread = np.array([[m - s["min"] for m, s in zip(means, stats)],
+                         [s["max"] - m for m, s in zip(means, stats)]])
+      ax.errorbar(np.array(batches) * shift, means, yerr=spread, marker="o",
+                  capsize=4, label=f"{label}: mean, min to max over seeds")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("global batch size")
+    _label_panel(ax, name, num_classes)
+    ax.legend(fontsize=7)
+  figure.suptitle(f"{about}each run's last evaluation vs its mean over the last "
+                  f"{count} evaluations, after {after}", fontsize=10)
+  figure.tight_layout()
+  return figure
+
+
 def plot_quality(summary: Dict, records: List[Dict], results_dir: str, *,
-                 dataset: str = "", num_classes: Optional[int] = None):
-  """Writes ``quality_vs_batch_size.png`` and ``quality_vs_steps.png``."""
+                 dataset: str = "", num_classes: Optional[int] = None,
+                 n_dis: Optional[int] = None):
+  """Writes ``quality_vs_batch_size.png`` and ``quality_vs_steps.png``, and
+  ``quality_vs_real_images.png`` and ``quality_last_vs_mean.png``."""
   plt = _pyplot()
   figures = quality_figures(summary, records, dataset=dataset,
                             num_classes=num_classes)
-  for figure, name in zip(figures, ("quality_vs_batch_size", "quality_vs_steps")):
+  figures += (real_images_figure(summary, records, dataset=dataset,
+                                 num_classes=num_classes, n_dis=n_dis),
+              last_vs_mean_figure(summary, records, dataset=dataset,
+                                  num_classes=num_classes))
+  for figure, name in zip(figures, ("quality_vs_batch_size", "quality_vs_steps",
+                                    "quality_vs_real_images",
+                                    "quality_last_vs_mean")):
     figure.savefig(os.path.join(results_dir, f"{name}.png"), dpi=110)
     plt.close(figure)
 

@@ -2,14 +2,22 @@ r"""The batch-size sweep of the TF-Replicator paper, at laptop scale.
 
 Trains one SN-GAN per (global batch size, seed) for the same number of
 generator steps, evaluates each ``--evals_per_run`` times, and writes under
-``--workdir``: ``results.json``, ``results.md`` (the table),
-``quality_vs_batch_size.png``, ``quality_vs_steps.png``,
-``samples_by_batch_size.png``, and each run in ``runs/batch<B>_seed<S>/``.
+``--workdir``: ``results.json``, ``results.md`` (the table: each run's last
+evaluation, the real images it saw, and its mean over its last
+``--mean_of_last`` evaluations), ``quality_vs_batch_size.png``,
+``quality_vs_steps.png``, ``quality_vs_real_images.png`` (quality per real
+image seen), ``quality_last_vs_mean.png``, ``samples_by_batch_size.png``, and
+each run in ``runs/batch<B>_seed<S>/``.
 
-  python -m examples.gan.sweep     # `small`: about 7 minutes on 2 CPU cores
+  python -m examples.gan.sweep                 # `small`: about 7 minutes on 2 CPU cores
+  python -m examples.gan.sweep --preset=wide   # batch 8 to 512: see README.md
 
-The work directory defaults to ``results/gan/<config>`` under the repository
-root (the directory that holds ``examples/``), whatever the current directory;
+``--preset`` names a sweep (`PRESETS`): ``small`` is the default one (batch 8
+to 64), ``wide`` the paper's range (batch 8 to 512, same config, steps and
+metrics); flags given explicitly override a preset's.
+
+The work directory defaults to ``results/gan/<preset>`` (with no preset,
+``results/gan/<config>``) under the repository root (the directory that holds ``examples/``), whatever the current directory;
 git ignores ``/results/``. The committed reference table and figures of the
 `small` sweep are in ``examples/gan/reference/small/``: copy a new sweep's
 there to update them.
@@ -54,7 +62,25 @@ FLAGS = flags.FLAGS
 # The committed reference results, one folder per config (README's table).
 REFERENCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
 RESULT_FILES = ("results.md", "results.json", "quality_vs_batch_size.png",
-                "quality_vs_steps.png", "samples_by_batch_size.png")
+                "quality_vs_steps.png", "quality_vs_real_images.png",
+                "quality_last_vs_mean.png", "samples_by_batch_size.png")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  """A named sweep: the flags it sets unless they are given."""
+  config: str
+  batch_sizes: Tuple[int, ...]
+  seeds: Tuple[int, ...]
+
+
+# `small` is the default sweep (README's line 1, reference/small/); `wide` is
+# the paper's batch range on the same config, steps and metrics
+# (reference/wide/).
+PRESETS = {
+    "small": Preset("small", (8, 16, 32, 64), (0, 1)),
+    "wide": Preset("small", (8, 16, 32, 64, 128, 256, 512), (0, 1)),
+}
 
 
 def define_flags():
@@ -64,13 +90,35 @@ def define_flags():
   flags.DEFINE_list("seeds", ["0", "1"], "Seeds per batch size.")
   flags.DEFINE_integer("grid_class", 1, "Class of the sample grids (1: Trouser "
                        "in Fashion-MNIST).")
+  flags.DEFINE_enum("preset", None, sorted(PRESETS),
+                    "A named sweep (PRESETS): small (batch 8-64, the default "
+                    "one) or wide (batch 8-512); sets --config, --batch_sizes "
+                    "and --seeds unless given, and the default --workdir "
+                    "results/gan/<preset>.")
+  flags.DEFINE_integer("mean_of_last", 3, "The table and plots also give each "
+                       "run's mean over its last this many evaluations.")
   flags.DEFINE_integer("evals_per_run", 10, "Evaluations per run (quality vs "
                        "steps), if --eval_every is 0.")
 
 
-def default_workdir(config_name: str) -> str:
-  """``results/gan/<config>`` under the repository root, which git ignores."""
-  return os.path.join(train.REPO_ROOT, "results", "gan", config_name)
+def default_workdir(name: str) -> str:
+  """``results/gan/<name>`` (preset or config) under the repository root, which git ignores."""
+  return os.path.join(train.REPO_ROOT, "results", "gan", name)
+
+
+def apply_preset() -> Optional[str]:
+  """Sets the flags of ``--preset`` that were not given; returns its name."""
+  name = FLAGS.preset
+  if name is None:
+    return None
+  preset = PRESETS[name]
+  values = {"config": preset.config,
+            "batch_sizes": [str(b) for b in preset.batch_sizes],
+            "seeds": [str(s) for s in preset.seeds]}
+  for flag, value in values.items():
+    if not FLAGS[flag].present:
+      FLAGS[flag].value = value
+  return name
 
 
 def run_settings(config, data_kwargs: Dict, seed: int, eval_every: int,
@@ -225,6 +273,7 @@ def check_flags(base) -> Dict[str, Any]:
           f"{FLAGS[name].value} would be ignored. Use {replacement} instead "
           f"(or run one model with python -m examples.gan.train --{name}=...).")
   train.check_positive(evals_per_run=FLAGS.evals_per_run,
+                       mean_of_last=FLAGS.mean_of_last,
                        log_every=FLAGS.log_every,
                        checkpoint_every=FLAGS.checkpoint_every)
   if FLAGS.eval_every < 0:
@@ -305,9 +354,11 @@ def _plan(base, batch_sizes, seeds, workdir, data_kwargs, eval_every,
 def main(argv):
   del argv
   sweep_start = time.time()
+  preset = apply_preset()
   base = train.config_from_flags()
   parsed = check_flags(base)
-  workdir = os.path.abspath(FLAGS.workdir or default_workdir(base.name))
+  name = preset or base.name
+  workdir = os.path.abspath(FLAGS.workdir or default_workdir(name))
   batch_sizes, seeds = parsed["batch_sizes"], parsed["seeds"]
   steps = base.num_generator_steps
   eval_every = FLAGS.eval_every or -(-steps // FLAGS.evals_per_run)
@@ -328,9 +379,11 @@ def main(argv):
   finished = sum(record is not None for *_, record in plan)
   num_evals = len(range(eval_every, steps, eval_every)) + 1
   logging.info(
-      "plan: %d run%s (batch sizes %s x seeds %s), %d replica(s) each, config "
+      "plan: %s%d run%s (batch sizes %s x seeds %s), %d replica(s) each, config "
       "%s on %s, %d generator steps per run (n_dis=%d), %d evaluations each of "
-      "%d samples; %s; results in %s", len(plan), "" if len(plan) == 1 else "s",
+      "%d samples; %s; results in %s",
+      f"preset {preset}, " if preset else "", len(plan),
+      "" if len(plan) == 1 else "s",
       ",".join(map(str, batch_sizes)), ",".join(map(str, seeds)), num_replicas,
       base.name, base.dataset, steps, base.n_dis, num_evals,
       FLAGS.num_eval_samples,
@@ -386,7 +439,8 @@ def main(argv):
     grids[batch] = np.load(os.path.join(workdir, "runs",
                                         f"batch{batch}_seed{seeds[0]}", "grid.npy"))
 
-  summary = report.summarize(records)
+  summary = report.summarize(records, mean_of_last=FLAGS.mean_of_last,
+                             n_dis=base.n_dis)
   table = report.markdown_table(summary, records)
   with open(os.path.join(workdir, "results.json"), "w") as f:
     # The config less its batch size, which is each run's (`batch_sizes`).
@@ -403,7 +457,7 @@ def main(argv):
     f.write(table)
   dataset = report.dataset_title(base.dataset)
   report.plot_quality(summary, records, workdir, dataset=dataset,
-                      num_classes=base.num_classes)
+                      num_classes=base.num_classes, n_dis=base.n_dis)
   class_name = (data.FASHION_MNIST_CLASSES[FLAGS.grid_class]
                 if base.dataset == "fashion_mnist" else str(FLAGS.grid_class))
   report.plot_samples(
@@ -416,10 +470,10 @@ def main(argv):
     print("  " + _relative(os.path.join(workdir, name)))
   print(f"  {_relative(os.path.join(workdir, 'runs'))}/batch<B>_seed<S>/: each run's "
         "checkpoints, TensorBoard events, metrics.json and record.json")
-  reference = os.path.join(REFERENCE_DIR, base.name)
+  reference = os.path.join(REFERENCE_DIR, name)
   if os.path.isdir(reference):
-    print(f"Committed reference of the default {base.name} sweep (README's "
-          f"table): {_relative(reference)}/")
+    print(f"Committed reference of the {name} sweep (examples/gan/README.md): "
+          f"{_relative(reference)}/")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,39 @@ def test_sweep_takes_the_common_flags_and_a_git_ignored_workdir(parse, tmp_path)
     assert ignored.returncode == 0, f"{path} is not git-ignored"
 
 
+def test_wide_preset_sets_the_papers_batch_range_unless_flags_are_given(
+    parse, tmp_path):
+  # The default sweep is the `small` preset; `wide` is the paper's range on the
+  # same config, steps and metrics, in results/gan/wide (git-ignored).
+  small, wide = sweep.PRESETS["small"], sweep.PRESETS["wide"]
+  assert small.batch_sizes == tuple(int(b) for b in FLAGS["batch_sizes"].default)
+  assert small.seeds == tuple(int(s) for s in FLAGS["seeds"].default)
+  assert wide.batch_sizes == (8, 16, 32, 64, 128, 256, 512)
+  assert wide.seeds == (0, 1) and wide.config == small.config == "small"
+  parse(f"--workdir={tmp_path}", "--classifier_metrics", "--preset=wide")
+  with pytest.raises(AssertionError, match="got as far as training"):
+    sweep.main([])
+  assert FLAGS.batch_sizes == ["8", "16", "32", "64", "128", "256", "512"]
+  assert FLAGS.seeds == ["0", "1"] and FLAGS.config == "small"
+  assert train.config_from_flags().num_generator_steps == 500
+  # A flag given on the command line wins over the preset's.
+  parse(f"--workdir={tmp_path}", "--classifier_metrics", "--preset=wide",
+        "--batch_sizes=4", "--seeds=3")
+  with pytest.raises(AssertionError, match="got as far as training"):
+    sweep.main([])
+  assert FLAGS.batch_sizes == ["4"] and FLAGS.seeds == ["3"]
+  parse(f"--workdir={tmp_path}", "--mean_of_last=0")
+  with pytest.raises(ValueError, match=r"mean_of_last: .* got 0"):
+    sweep.main([])
+  root = train.REPO_ROOT
+  workdir = sweep.default_workdir("wide")
+  assert workdir == os.path.join(root, "results", "gan", "wide")
+  if shutil.which("git") and os.path.isdir(os.path.join(root, ".git")):
+    assert subprocess.run(
+        ["git", "check-ignore", "-q", os.path.join(workdir, "runs", "x", "a")],
+        cwd=root, check=False).returncode == 0
+
+
 def test_batch_that_does_not_split_over_the_replicas_says_the_fix():
   repl = replicator.MultiGpuReplicator(devices=["/cpu:0", "/cpu:1", "/cpu:2",
                                                 "/cpu:3"])

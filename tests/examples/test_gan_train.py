@@ -97,7 +97,7 @@ app.run(main)
 @pytest.mark.slow
 def test_sweep_end_to_end_on_synthetic_data(tmp_path):
   argv = [
-      "--config=small", "--dataset=synthetic", "--ch=2",
+      "--preset=wide", "--dataset=synthetic", "--ch=2",
       "--num_generator_steps=2", "--batch_sizes=4", "--seeds=0",
       f"--workdir={tmp_path}", "--num_eval_samples=40",
       "--num_classifier_examples=256", "--num_real_examples=40",
@@ -113,15 +113,19 @@ def test_sweep_end_to_end_on_synthetic_data(tmp_path):
   assert [r["history"][-1]["step"] for r in results["runs"]] == [2]
   assert [h["step"] for h in results["runs"][0]["history"]] == [1, 2]
   for name in ("results.md", "quality_vs_batch_size.png",
-               "quality_vs_steps.png", "samples_by_batch_size.png"):
+               "quality_vs_steps.png", "quality_vs_real_images.png",
+               "quality_last_vs_mean.png", "samples_by_batch_size.png"):
     assert (tmp_path / name).stat().st_size > 0
+  # 2 generator steps x n_dis=2 x batch 4; mean over both evaluations.
+  assert results["summary"]["4"]["real_images_seen"] == 16
+  assert results["summary"]["4"]["mean_of_last"]["evaluations"] == 2
   assert str(tmp_path / "results.md") in done.stdout
   # The batch size is each run's, not the sweep's.
   assert "global_batch_size" not in results["config"]
   assert results["runs"][0]["settings"]["config"]["global_batch_size"] == 4
   # Which replicator, the plan, each run and its progress, in that order.
   order = ["MultiGpuReplicator: 2 replica(s) on 1 worker(s)",
-           "plan: 1 run (batch sizes 4 x seeds 0), 2 replica(s) each, config "
+           "plan: preset wide, 1 run (batch sizes 4 x seeds 0), 2 replica(s) each, config "
            "small on synthetic, 2 generator steps per run (n_dis=2), 2 "
            f"evaluations each of 40 samples; none finished yet; results in {tmp_path}",
            "metric classifier: training on 256 images",
@@ -136,7 +140,7 @@ def test_sweep_end_to_end_on_synthetic_data(tmp_path):
   assert results["num_replicas"] == 2
   assert results["runs"][0]["settings"]["num_replicas"] == 2
   # Run again: nothing trains, and it says so.
-  assert ("plan: 1 run (batch sizes 4 x seeds 0), 2 replica(s) each" in again
+  assert ("plan: preset wide, 1 run (batch sizes 4 x seeds 0), 2 replica(s) each" in again
           and "1 finished earlier, reused" in again)
   assert "run 1/1: batch 4, seed 0: finished at step 2 in an earlier sweep" in again
   assert "training steps" not in again and "metric classifier" not in again
@@ -165,10 +169,11 @@ def test_summary_table_and_plots_show_the_spread_over_seeds(tmp_path):
   assert "| 16 | 2 | 10 ± 1 [9, 11] |" in table
   assert table.index("| 16 |") < table.index("| 256 |")
   report.plot_quality(summary, records, str(tmp_path), dataset="Fashion-MNIST",
-                      num_classes=10)
+                      num_classes=10, n_dis=2)
   report.plot_samples({16: np.zeros([4, 8, 8, 1]), 256: np.ones([4, 8, 8, 1])},
                       str(tmp_path), "title")
   for name in ("quality_vs_batch_size.png", "quality_vs_steps.png",
+               "quality_vs_real_images.png", "quality_last_vs_mean.png",
                "samples_by_batch_size.png"):
     assert (tmp_path / name).stat().st_size > 1000
 
@@ -201,6 +206,49 @@ def test_plots_label_every_axis_and_mark_chance():
   figure = report.samples_figure({8: images, 64: images}, "title")
   width, height = figure.canvas.get_width_height()
   assert width >= 2 * 8 * 96 and height >= 8 * 96
+  plt.close(figure)
+
+
+def test_quality_per_real_image_seen_and_mean_of_last_evaluations():
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  records = [_record(16, 0, 9.0), _record(16, 1, 11.0), _record(256, 0, 2.0)]
+  for record in records:
+    record["settings"] = {"config": {"n_dis": 2, "num_classes": 10}}
+  # Real images seen: generator steps x n_dis x global batch.
+  assert report.real_images_seen(records[2], 2) == 2 * 2 * 256
+  assert report.real_images_seen(_record(8, 0, 1.0), 3, n_dis=5) == 120
+  summary = report.summarize(records, mean_of_last=2)
+  last = summary["16"]["mean_of_last"]
+  assert last["evaluations"] == 2
+  # fcd(s) = f * (3 - s) at s = 1, 2: mean 1.5 f; seeds 9 and 11.
+  assert last["frechet_classifier_distance"]["values"] == [13.5, 16.5]
+  assert summary["16"]["frechet_classifier_distance"]["mean"] == 10.0  # last eval
+  assert summary["16"]["real_images_seen"] == 2 * 2 * 16
+  table = report.markdown_table(summary, records)
+  header = table.splitlines()[0]
+  assert header.index("classifier score (higher is better) |") < header.index(
+      "real images seen per run") < header.index(
+          "Fréchet classifier distance (lower is better), mean of last 2 "
+          "evaluations")
+  assert "| 16 | 2 | 10 ± 1 [9, 11] |" in table and "| 64 | 15 ± 1.5 [13.5, 16.5] |" in table
+  assert "last evaluation" in table and "mean over its last 2" in table
+
+  figure = report.real_images_figure(summary, records, dataset="Fashion-MNIST")
+  axes = figure.get_axes()
+  assert len(axes) == 3 and "per real image seen" in figure._suptitle.get_text()  # pylint: disable=protected-access
+  for ax in axes:
+    assert ax.get_xlabel().startswith("real images seen by the discriminator")
+    assert "n_dis=2" in ax.get_xlabel() and ax.get_xscale() == "log"
+    curves = {line.get_label(): list(line.get_xdata()) for line in ax.get_lines()
+              if line.get_label().startswith("batch")}
+    # One curve per batch size, at steps 1 and 2.
+    assert curves == {"batch 16": [32, 64], "batch 256": [512, 1024]}
+  plt.close(figure)
+  figure = report.last_vs_mean_figure(summary, records)
+  assert "last 2 evaluations" in figure._suptitle.get_text()  # pylint: disable=protected-access
+  labels = [t.get_text() for t in figure.get_axes()[0].get_legend().get_texts()]
+  assert any(t.startswith("last evaluation") for t in labels)
+  assert any(t.startswith("mean of last 2 evaluations") for t in labels)
   plt.close(figure)
 
 

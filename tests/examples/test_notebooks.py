@@ -127,13 +127,15 @@ def test_gan_notebook_runs_in_smoke_mode(tmp_path):
       f"smoke mode: no clone or install; the checkout at {ROOT}",
       _EMULATED, "num_replicas: 2",
       "-m examples.gan.sweep --config=small --replicator=tpu_emulated",
-      "plan: 1 run (batch sizes 4 x seeds 0), 2 replica(s) each, config small on "
+      "plan: preset small, 1 run (batch sizes 4 x seeds 0), 2 replica(s) each, config small on "
       "fashion_mnist, 1 generator steps per run",
       "run 1/1: batch 4, seed 0",
       "| global batch | seeds | Fréchet classifier distance (lower is better) |",
       "| 4 | 1 |",
       f"Results in {small}",
       f"figure: {small / 'quality_vs_batch_size.png'}",
+      f"figure: {small / 'quality_vs_real_images.png'}",
+      f"figure: {small / 'quality_last_vs_mean.png'}",
       f"figure: {small / 'samples_by_batch_size.png'}",
       "smoke mode: the imagenet128 sweep is skipped",
       f"no imagenet128 results in {work / 'gan_imagenet128'} yet"])
