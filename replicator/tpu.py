@@ -24,12 +24,6 @@ def _check_cores(num_tpu_cores_per_worker):
         "4 chips, v5e-1: 1), or None to read it from the TPU.")
 
 
-def _hosts(strategy) -> int:
-  """The TPU hosts (workers) `strategy` spans."""
-  hosts = {d.split("/device:")[0] for d in strategy.extended.worker_devices}
-  return len(hosts)
-
-
 def _tpu_address(tpu: Optional[str]) -> str:
   if tpu is not None:
     return tpu
@@ -185,7 +179,7 @@ class TpuReplicator(base.Replicator):
                    num_tpu_cores_per_worker: Optional[int] = None,
                    trace_only: bool = False):
     """Runs this replicator's steps on `strategy` (the strategy engine)."""
-    hosts = _hosts(strategy)
+    hosts = strategy_engine.hosts(strategy)
     cores = strategy.num_replicas_in_sync // max(hosts, 1)
     if num_workers != hosts:
       raise ValueError(

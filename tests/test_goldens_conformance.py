@@ -326,6 +326,17 @@ def test_golden_conforms_on_every_replica(case, replicator_name, tmp_path):
   repl.shutdown()
 
 
+def saved_plain_module(case, inputs, tmp_path):
+  """`(plain module, its distinct values, its checkpoint's path)`: a one-device
+  module built eagerly, given values unlike any it starts with, and saved."""
+  plain = case.make_plain()
+  case.golden.forward(plain, tf.constant(inputs[:1]))  # built, eagerly
+  saved = _distinct_values(_checkpointed(plain))
+  for variable, value in zip(_checkpointed(plain), saved):
+    variable.assign(value)
+  return plain, saved, tf.train.Checkpoint(module=plain).save(str(tmp_path / "plain"))
+
+
 @pytest.mark.parametrize("case, replicator_name", _cases_by_replicator(RESTORE_FAST))
 def test_a_checkpoint_restored_before_the_first_run_fills_the_variables_it_makes(
     case, replicator_name, tmp_path):
@@ -334,12 +345,7 @@ def test_a_checkpoint_restored_before_the_first_run_fills_the_variables_it_makes
   its variables, gives every copy the saved values when they are made."""
   golden = case.golden
   inputs = golden.inputs(GLOBAL_BATCH)
-  plain = case.make_plain()
-  golden.forward(plain, tf.constant(inputs[:1]))  # built, eagerly
-  saved = _distinct_values(_checkpointed(plain))
-  for variable, value in zip(_checkpointed(plain), saved):
-    variable.assign(value)
-  path = tf.train.Checkpoint(module=plain).save(str(tmp_path / "plain"))
+  plain, saved, path = saved_plain_module(case, inputs, tmp_path)
 
   repl = catalogue.make(replicator_name)
   n = repl.num_replicas

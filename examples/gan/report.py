@@ -163,6 +163,14 @@ def _steps_and_classes(records: List[Dict], num_classes: Optional[int]):
   return steps, config.get("n_dis"), num_classes or config.get("num_classes")
 
 
+def _means_and_spread(stats):
+  """Each batch size's mean over seeds, and the error bars to its min and max."""
+  means = np.array([s["mean"] for s in stats])
+  spread = np.array([[m - s["min"] for m, s in zip(means, stats)],
+                     [s["max"] - m for m, s in zip(means, stats)]])
+  return means, spread
+
+
 def _label_panel(ax, name: str, num_classes: Optional[int]):
   label, better = AXIS_LABELS[name]
   ax.set_ylabel(label)
@@ -194,9 +202,7 @@ def quality_figures(summary: Dict, records: List[Dict], *, dataset: str = "",
                                 squeeze=False)
   for ax, name in zip(axes[0], names):
     stats = [summary[str(b)][name] for b in batches]
-    means = np.array([s["mean"] for s in stats])
-    spread = np.array([[m - s["min"] for m, s in zip(means, stats)],
-                       [s["max"] - m for m, s in zip(means, stats)]])
+    means, spread = _means_and_spread(stats)
     ax.errorbar(batches, means, yerr=spread, marker="o", capsize=4,
                 label="mean, min to max over seeds")
     for i, (b, s) in enumerate(zip(batches, stats)):
@@ -291,9 +297,7 @@ def last_vs_mean_figure(summary: Dict, records: List[Dict], *,
         (0.96, "last evaluation", [summary[str(b)][name] for b in batches]),
         (1.04, f"mean of last {count} evaluations",
          [summary[str(b)]["mean_of_last"][name] for b in batches])):
-      means = np.array([s["mean"] for s in stats])
-      spread = np.array([[m - s["min"] for m, s in zip(means, stats)],
-                         [s["max"] - m for m, s in zip(means, stats)]])
+      means, spread = _means_and_spread(stats)
       ax.errorbar(np.array(batches) * shift, means, yerr=spread, marker="o",
                   capsize=4, label=f"{label}: mean, min to max over seeds")
     ax.set_xscale("log", base=2)

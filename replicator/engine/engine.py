@@ -163,21 +163,16 @@ class InGraphEngine:
                      if self._jit_compile else None)
       if unsupported is not None:
         raise unsupported from error
-      shapes = step_checks.output_shape_error(error, step_fn)
-      if shapes is not None:
-        raise shapes from error
-      unbatched = step_checks.unbatched_input(error, step_fn, input_fn,
-                                              compiled.element_spec)
-      if unbatched is not None:
-        raise unbatched from error
+      clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
+      if clearer is not None:
+        raise clearer from error
       if self._peers is not None:
         self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
       raise
     except (ValueError, TypeError) as error:  # step_fn's trace failed
-      unbatched = step_checks.unbatched_input(error, step_fn, input_fn,
-                                              compiled.element_spec)
-      if unbatched is not None:
-        raise unbatched from error
+      clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
+      if clearer is not None:
+        raise clearer from error
       raise
 
   def copies(self, variable) -> Sequence[tf.Variable]:

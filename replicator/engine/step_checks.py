@@ -62,10 +62,8 @@ def unbatched_input(error: Exception, step_fn, input_fn, element_spec):
   the library's own (`step_fn: ...`) already say what to do, and keep their
   words.
   """
-  if (element_spec is None
-      or not isinstance(error, (ValueError, TypeError, tf.errors.InvalidArgumentError))
-      or (not isinstance(error, tf.errors.OpError)
-          and type(error) not in (ValueError, TypeError))):
+  if element_spec is None or not (isinstance(error, tf.errors.InvalidArgumentError)
+                                  or type(error) in (ValueError, TypeError)):
     return None
   text = str(error)
   if text.startswith(("step_fn", "input_fn")) or not _SHAPE_WORDS.search(text):
@@ -85,6 +83,17 @@ def unbatched_input(error: Exception, step_fn, input_fn, element_spec):
   if isinstance(error, tf.errors.OpError):
     return type(error)(error.node_def, error.op, message)
   return type(error)(message)
+
+
+def explained(error: Exception, step_fn, input_fn, element_spec):
+  """The error a step's `error` should raise instead, in terms of step_fn and
+  input_fn (outputs whose shapes differ between replicas, an input without a
+  batch dimension), or None."""
+  if isinstance(error, tf.errors.OpError):
+    shapes = output_shape_error(error, step_fn)
+    if shapes is not None:
+      return shapes
+  return unbatched_input(error, step_fn, input_fn, element_spec)
 
 
 def check_outputs(outputs, step_fn):

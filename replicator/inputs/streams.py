@@ -70,6 +70,20 @@ def _unwrapped(fn):
   return fn
 
 
+def _dataset(input_fn, ctx, check_dataset):
+  """`(input_fn(ctx), whether input_fn skipped the steps ctx says were taken)`,
+  checked."""
+  dataset = input_fn(ctx)
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError(
+        f"input_fn: {errors.name_of(input_fn)} returned "
+        f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
+        "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
+  check_dataset(dataset, input_fn)
+  return dataset, input_context.check_skipped_by_input_fn(dataset, ctx,
+                                                         errors.name_of(input_fn))
+
+
 class InputStreams:
   """The iterator of each `input_fn` a replicator runs, and its position.
 
@@ -135,15 +149,7 @@ class InputStreams:
         num_input_pipelines=self._mesh.num_workers,
         input_pipeline_id=self._mesh.worker_index,
         num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
-    dataset = input_fn(ctx)
-    if not isinstance(dataset, tf.data.Dataset):
-      raise TypeError(
-          f"input_fn: {errors.name_of(input_fn)} returned "
-          f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
-          "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
-    check_dataset(dataset, input_fn)
-    skipped = input_context.check_skipped_by_input_fn(dataset, ctx,
-                                                      errors.name_of(input_fn))
+    dataset, skipped = _dataset(input_fn, ctx, check_dataset)
     if input_context.allows_uneven_batches(dataset):
       self._uneven_inputs.add(input_fn)
     if expected_spec is not None and dataset.element_spec != expected_spec:
@@ -163,16 +169,14 @@ class InputStreams:
       host_ctx = input_context.InputContext(
           num_input_pipelines=hosts, input_pipeline_id=host,
           num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
-      host_dataset = input_fn(host_ctx)
-      check_dataset(host_dataset, input_fn)
+      host_dataset, host_skipped = _dataset(input_fn, host_ctx, check_dataset)
       if host_dataset.element_spec != dataset.element_spec:
         raise ValueError(
             f"input_fn: {errors.name_of(input_fn)} gave host {host} elements "
             f"{host_dataset.element_spec}, and host 0 {dataset.element_spec}; "
             "every host's replicas run one step, so give every host the same "
             "element structure and shapes.")
-      if taken and not input_context.check_skipped_by_input_fn(
-          host_dataset, host_ctx, errors.name_of(input_fn)):
+      if taken and not host_skipped:
         host_dataset = host_dataset.skip(taken * replicas_per_host)
       return host_dataset
 

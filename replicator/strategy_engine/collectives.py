@@ -7,9 +7,10 @@ one cross-replica sum); a gather is each replica's words at its place among
 zeros, summed; maxima and minima reduce a gather; a broadcast is the sum of
 the source's words and zeros. Dtypes that a TPU's sum does not take travel
 as `collectives.wire` encodes them, on the stand-in too, so the suite runs
-what a TPU traces. Their gradients are TensorFlow's
-(the gradient of a sum over replicas is the sum of the upstream gradients;
-of a gather, this replica's rows of their sum), as the in-graph engine's.
+what a TPU traces. Their gradients are the in-graph engine's: of a sum over
+replicas, the sum of the upstream gradients (TensorFlow's); of a gather, this
+replica's rows of that sum; of a broadcast, that sum at the source only
+(written here, since words carry no gradient).
 """
 
 from typing import List

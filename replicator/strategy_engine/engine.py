@@ -34,7 +34,7 @@ class StrategyEngine:
 
   def __init__(self, strategy, stand_in: bool, trace_only: bool = False):
     self.strategy = strategy
-    self.hosts = len({d.split("/device:")[0] for d in strategy.extended.worker_devices})
+    self.hosts = hosts(strategy)
     self._stand_in = stand_in
     self.trace_only = trace_only
     self._creator = variables.VariableCreator()
@@ -101,18 +101,10 @@ class StrategyEngine:
       self._steps[(step_fn, input_fn)] = step
     try:
       completed, outputs = step(iterator, steps, args)
-    except tf.errors.OpError as error:
-      shapes = step_checks.output_shape_error(error, step_fn)
-      if shapes is not None:
-        raise shapes from error
-      unbatched = step_checks.unbatched_input(error, step_fn, input_fn, element_spec)
-      if unbatched is not None:
-        raise unbatched from error
-      raise
-    except (ValueError, TypeError) as error:  # step_fn's trace failed
-      unbatched = step_checks.unbatched_input(error, step_fn, input_fn, element_spec)
-      if unbatched is not None:
-        raise unbatched from error
+    except (tf.errors.OpError, ValueError, TypeError) as error:  # (a trace's too)
+      clearer = step_checks.explained(error, step_fn, input_fn, element_spec)
+      if clearer is not None:
+        raise clearer from error
       raise
     count(completed)
     return completed, outputs, False
@@ -136,6 +128,11 @@ class StrategyEngine:
 
   def clear(self):
     self._steps.clear()
+
+
+def hosts(strategy) -> int:
+  """The TPU hosts (workers) `strategy` spans."""
+  return len({d.split("/device:")[0] for d in strategy.extended.worker_devices})
 
 
 def _whole_groups(dataset: tf.data.Dataset, replicas: int) -> tf.data.Dataset:

@@ -168,12 +168,7 @@ def test_a_checkpoint_restored_before_the_first_trace_fills_every_core_on_the_fa
   own variables: every core's copy holds the saved values once made."""
   golden = case.golden
   inputs = golden.inputs(GLOBAL_BATCH)
-  plain = case.make_plain()
-  golden.forward(plain, tf.constant(inputs[:1]))
-  saved = conformance._distinct_values(conformance._checkpointed(plain))  # pylint: disable=protected-access
-  for variable, value in zip(conformance._checkpointed(plain), saved):  # pylint: disable=protected-access
-    variable.assign(value)
-  path = tf.train.Checkpoint(module=plain).save(str(tmp_path / "plain"))
+  _, saved, path = conformance.saved_plain_module(case, inputs, tmp_path)
 
   repl = fake_tpu()
   with repl.context():
@@ -359,32 +354,32 @@ def test_an_int64_counter_and_a_bool_flag_merge_exactly_on_the_stand_in():
 
 # --- What users' steps hold: batch norm, dropout, counters, random numbers. ---
 
-def _sonnet_batch_norm(repl):
+def _batch_norm_step(repl, make_norm, make_optimizer, output):
+  """A batch norm, then a linear layer, trained; returns the loss and
+  `output(norm)`."""
   with repl.context():
-    norm, linear = snt.BatchNorm(True, True), snt.Linear(3)
-    optimizer = repl.wrap_optimizer(snt.optimizers.Adam(0.01))
+    norm, linear = make_norm(), snt.Linear(3)
+    optimizer = repl.wrap_optimizer(make_optimizer())
 
   def step_fn(x):
     with tf.GradientTape() as tape:
       loss = tf.reduce_mean(linear(snt.flatten(norm(x, is_training=True))))
     variables = norm.trainable_variables + linear.trainable_variables
     optimizer.apply(tape.gradient(loss, variables), variables)
-    return {"loss": loss, "counter": norm.moving_mean._counter.read_value()}  # pylint: disable=protected-access
+    return {"loss": loss, **output(norm)}
   return step_fn
+
+
+def _sonnet_batch_norm(repl):
+  return _batch_norm_step(
+      repl, lambda: snt.BatchNorm(True, True), lambda: snt.optimizers.Adam(0.01),
+      lambda norm: {"counter": norm.moving_mean._counter.read_value()})  # pylint: disable=protected-access
 
 
 def _cross_replica_batch_norm(repl):
-  with repl.context():
-    norm, linear = replicator.nn.CrossReplicaBatchNorm(True, True), snt.Linear(3)
-    optimizer = repl.wrap_optimizer(snt.optimizers.SGD(0.1))
-
-  def step_fn(x):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(linear(snt.flatten(norm(x, is_training=True))))
-    variables = norm.trainable_variables + linear.trainable_variables
-    optimizer.apply(tape.gradient(loss, variables), variables)
-    return {"loss": loss, "mean": norm.moving_mean.value}
-  return step_fn
+  return _batch_norm_step(
+      repl, lambda: replicator.nn.CrossReplicaBatchNorm(True, True),
+      lambda: snt.optimizers.SGD(0.1), lambda norm: {"mean": norm.moving_mean.value})
 
 
 def _keras_dropout_adam(repl):
