@@ -28,7 +28,7 @@ from replicator.inputs.input_context import skipped_by_input_fn
 from replicator.mesh import Mesh
 from replicator.optimizers import ReplicatedOptimizer
 from replicator.tpu import TpuReplicator
-from replicator.engine.variables import ReplicatedVariable
+from replicator.variables.replicated import ReplicatedVariable
 
 __version__ = "0.1.0"
 

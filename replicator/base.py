@@ -1,8 +1,8 @@
 """`Replicator`: context, wrap_optimizer, run and the collectives, written once.
 
 A subclass only chooses the mesh and the engine that runs the steps: the
-in-graph engine (`engine.engine.InGraphEngine`, XLA-compiled or not) or a
-`tf.distribute` strategy's (`strategy_engine.engine.StrategyEngine`).
+in-graph engine (`engines.in_graph.engine.InGraphEngine`, XLA-compiled or not) or a
+`tf.distribute` strategy's (`engines.strategy.engine.StrategyEngine`).
 """
 
 import contextlib
@@ -17,14 +17,14 @@ from replicator import errors
 from replicator import optimizers
 from replicator.collectives import in_step
 from replicator.collectives import reduce_options
-from replicator.engine import divergence
-from replicator.engine import engine as in_graph
+from replicator.engines.in_graph import divergence
+from replicator.engines import protocol
+from replicator.engines.in_graph import engine as in_graph
 from replicator.inputs import positions
 from replicator.inputs import streams
 from replicator.mesh import Mesh
 from replicator.multiworker import cluster
 from replicator.multiworker import peers
-from replicator.patches import registry as patches
 
 ReduceOp = reduce_options.ReduceOp
 _MAX_STEPS = 2**63 - 1
@@ -43,7 +43,7 @@ class Replicator:
 
   def __init__(self, mesh: Mesh, *, jit_compile: bool = False,
                all_reduce: Optional[reduce_options.AllReduceOptions] = None,
-               engine=None):
+               engine: Optional[protocol.Engine] = None):
     all_reduce = reduce_options.check_options(all_reduce)
     self._mesh = mesh
     self._workers = None
@@ -68,7 +68,7 @@ class Replicator:
           self._placement, mesh.local_replica_ids, mesh.num_replicas,
           jit_compile=jit_compile, compiled_by=self._compiled_by,
           workers=self._workers, peers=self._peers,
-          steps_completed=lambda: self._steps_completed, tracing=patches.while_tracing)
+          steps_completed=lambda: self._steps_completed)
     self._engine = engine
     self._inputs = streams.InputStreams(mesh, engine.iterator)
     self._closed = False

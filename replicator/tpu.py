@@ -11,7 +11,7 @@ from replicator import errors
 from replicator import base
 from replicator.mesh import Mesh
 from replicator.mesh import configure_logical_cpus
-from replicator.strategy_engine import engine as strategy_engine
+from replicator.engines.strategy import engine as strategy_engine
 
 _SUPPORTED_CORES = (1, 2, 4, 8)
 
@@ -85,7 +85,7 @@ class TpuReplicator(base.Replicator):
 
   On a TPU (a Cloud TPU VM, a TPU Node, Colab) the steps run on
   `tf.distribute`'s `TPUStrategy` (Sonnet's `TpuReplicator`), through the
-  strategy engine (`replicator.strategy_engine`), with the semantics of the
+  strategy engine (`replicator.engines.strategy`), with the semantics of the
   other replicators; docs/design.md, "The strategy engine", says where it
   differs. Not run on a TPU by this project: `python -m benchmarks.tpu_check`
   checks it there.

@@ -23,7 +23,7 @@ REPLICATORS = {
 }
 # The same at 8 replicas (a TPU host's cores): every catalogue test where
 # REPLICATOR_EIGHT_REPLICAS=1 is set (about 10 minutes on 2 cores); otherwise
-# tests/strategy_engine/test_eight_replicas.py runs the central ones.
+# tests/engines/strategy/test_eight_replicas.py runs the central ones.
 EIGHT = "tpu_engine_8"
 if os.environ.get("REPLICATOR_EIGHT_REPLICAS") == "1":
   REPLICATORS[EIGHT] = (lambda: testing.tpu_engine_on_cpus(8), 8)
@@ -32,7 +32,7 @@ MULTI = [name for name, (_, n) in REPLICATORS.items() if n > 1]
 
 
 def in_graph(name) -> bool:
-  """Whether `name` runs on the in-graph engine (replicator.engine), whose
+  """Whether `name` runs on the in-graph engine (replicator.engines.in_graph), whose
   merges a test may watch; the others run on the strategy engine."""
   return not name.startswith("tpu_engine")
 

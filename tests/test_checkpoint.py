@@ -332,7 +332,7 @@ def test_random_generator_resumes_on_other_workers_and_other_replica_counts(
     tmp_path, caplog):
   def generators(replica_ids, num_replicas):
     devices = [f"/device:CPU:{i}" for i in range(len(replica_ids))]
-    return replicator.engine.generators.ReplicaGenerator(7, replica_ids, num_replicas, devices)
+    return replicator.engines.in_graph.generators.ReplicaGenerator(7, replica_ids, num_replicas, devices)
 
   everyone, chief = generators([0, 1, 2, 3], 4), generators([0, 1], 4)
   for generator in everyone._generators + chief._generators:  # pylint: disable=protected-access

@@ -10,12 +10,12 @@ PACKAGE = ROOT / "replicator"
 # packages and modules of a lower layer, never of its own layer or above.
 LAYERS = {
     "_tf_check": 0, "errors": 0, "mesh": 0,
-    "collectives": 1,                      # reductions between replicas and workers
+    "collectives": 1,                      # the replica interface; reductions between replicas and workers
     "inputs": 2, "multiworker": 2,         # input pipelines; the job's other workers
-    "engine": 3,                           # replicated variables and the compiled step
+    "variables": 3,                        # what both engines share about variables
     "patches": 4,                          # TensorFlow / Keras, replica-aware
     "nn": 5, "optimizers": 5,
-    "strategy_engine": 5,                  # steps that tf.distribute replicates (TPUs)
+    "engines": 5,                          # the in-graph engine and the strategy engine (TPUs)
     "base": 6,                             # `Replicator`, written once
     "gpu": 7, "tpu": 7,
     "launch_supervisor": 7,                # the launcher's processes, below its command line
@@ -106,7 +106,7 @@ def test_no_module_over_400_lines():
 def test_tests_mirror_the_packages():
   packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
   folders = {p.name for p in (ROOT / "tests").iterdir()
-             if p.is_dir() and any(p.glob("test_*.py"))}
+             if p.is_dir() and any(p.rglob("test_*.py"))}
   assert packages <= folders, f"no tests/<package>/ for {sorted(packages - folders)}"
 
 

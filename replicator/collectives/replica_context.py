@@ -58,7 +58,7 @@ def _entered(replica: Optional[ReplicaContext]):
 def strategy_replica():
   """The replica of a `tf.distribute` step being traced on this thread, or None.
 
-  Steps of the strategy engine (`replicator.strategy_engine`) are traced by
+  Steps of the strategy engine (`replicator.engines.strategy`) are traced by
   `tf.distribute` itself; while one is, the collectives of this package go to
   the object that engine enters here (its `StrategyReplica`), which has
   `num_replicas`, `replica_id()`, `all_reduce`, `all_gather` and `broadcast`.
@@ -127,7 +127,7 @@ class ReplicaGroup:
     workers: a `multiworker.cluster.CollectiveKeys` when replicas span
       several workers.
     deferred: the variable merges that wait for the end of the step
-      (`engine.merges.DeferredMerges`); None where no variable is written.
+      (`variables.deferred.DeferredMerges`); None where no variable is written.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
@@ -145,9 +145,9 @@ class ReplicaGroup:
     self.function_copies = {}
     self.step_graph = None  # the graph `run` traces the replicas into
     self.last_collective = None  # the name of the last collective the replicas met at
-    self.deferred = deferred  # an `engine.merges.DeferredMerges`, or None
+    self.deferred = deferred  # an `variables.deferred.DeferredMerges`, or None
     # The ops by which replicated variables wrote their copies in the step's
-    # graph (`engine.variables`); `engine.step_checks.check_writes` refuses
+    # graph (`variables.replicated`); `engines.step_checks.check_writes` refuses
     # any other.
     self.library_writes = set()
 

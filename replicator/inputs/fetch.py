@@ -24,7 +24,7 @@ STEPS_DIFFER = -2  # workers asked for different steps: none ran (one, if no inp
 VARIABLES_DIFFER = -3
 DONE = -4  # the loop ran the steps it was asked for
 # Plus a signal's number: as READY, and a worker got that signal (SIGINT,
-# SIGTERM): this step runs, no later one, on every worker (`engine.interrupts`).
+# SIGTERM): this step runs, no later one, on every worker (`engines.in_graph.interrupts`).
 LAST = 100
 # Minus a signal's number: the loop stopped between two steps for that signal.
 INTERRUPTED = -100
@@ -53,7 +53,7 @@ def why_stopped(status: tf.Tensor, signum: Optional[Callable[[], tf.Tensor]] = N
   """The status as an int64.
 
   A bool status stops when out of data, or, given `signum` (the read of the
-  loop's stop flag, `engine.interrupts.StopFlag`), where a signal stopped it.
+  loop's stop flag, `engines.in_graph.interrupts.StopFlag`), where a signal stopped it.
   """
   if status.dtype != tf.bool:
     return status

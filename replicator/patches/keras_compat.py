@@ -33,7 +33,7 @@ import tensorflow as tf
 from replicator.collectives import in_step
 from replicator.collectives import reduce_options
 from replicator.collectives import replica_context
-from replicator.engine import variables
+from replicator.variables import replicated as variables
 from replicator.patches import randomness
 
 

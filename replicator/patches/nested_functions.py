@@ -31,7 +31,7 @@ from tensorflow.python.autograph.core import converter
 from tensorflow.python.autograph.impl import api as autograph_api
 
 from replicator.collectives import replica_context
-from replicator.engine import registry
+from replicator.variables import registry
 
 
 def calls_per_replica(original_call):

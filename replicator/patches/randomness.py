@@ -5,7 +5,7 @@ step we fold the replica id into the op seed, so replicas tracing the same code
 with the same seeds still draw different, reproducible streams. A
 `tf.random.Generator` made in a replicator context hashes the replica id into
 its key in a step (`Replicator.random_generator` gives every replica a
-generator of its own: `engine.generators`). Keras' random ops
+generator of its own: `engines.in_graph.generators`). Keras' random ops
 get the same treatment in `keras_compat`. `patches.registry` lists what these
 replace, installed only while a step is traced.
 """
@@ -13,7 +13,7 @@ replace, installed only while a step is traced.
 import tensorflow as tf
 
 from replicator.collectives import replica_context
-from replicator.engine import variables
+from replicator.variables import replicated as variables
 
 GOLDEN = 0x9E3779B1
 

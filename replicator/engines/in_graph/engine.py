@@ -1,25 +1,23 @@
 """`InGraphEngine`: the replicas of a step traced into one graph, by the library.
 
 What `GpuReplicator` (with `jit_compile=True`, compiled with XLA) and
-`MultiGpuReplicator` run on. It has the interface of
-`strategy_engine.StrategyEngine` (where `tf.distribute` runs the steps: the TPU
-and its emulator), so that `Replicator` is written once over either: `created`,
-`scope`, `iterator`, `run`, `copies`, `random_generator` and `clear`.
+`MultiGpuReplicator` run on: an `engines.protocol.Engine`, as
+`engines.strategy.engine.StrategyEngine` is (where `tf.distribute` runs the
+steps: the TPU and its emulator), so that `Replicator` is written once over either.
 """
 
-import contextlib
 import logging
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import tensorflow as tf
 
 from replicator import errors
-from replicator.engine import creation
-from replicator.engine import generators
-from replicator.engine import interrupts
-from replicator.engine import step_checks
-from replicator.engine import steps as steps_lib
-from replicator.engine import variables
+from replicator.variables import creation
+from replicator.engines.in_graph import generators
+from replicator.engines.in_graph import interrupts
+from replicator.engines import step_checks
+from replicator.engines.in_graph import steps as steps_lib
+from replicator.variables import replicated as variables
 from replicator.inputs import fetch
 from replicator.inputs import streams
 from replicator.multiworker import peers as peers_lib
@@ -37,14 +35,12 @@ class InGraphEngine:
     workers: the `multiworker.cluster.CollectiveKeys` of several workers, else
       None; `peers` (their `multiworker.peers.Peers`) and `steps_completed`
       (the replicator's count, for their errors) come with it.
-    tracing: what holds while a step is traced (`patches.registry.while_tracing`).
   """
 
   def __init__(self, placement: Sequence[str], replica_ids: Sequence[int],
                num_replicas: int, *, jit_compile: bool, compiled_by: str,
                workers=None, peers: Optional[peers_lib.Peers] = None,
-               steps_completed: Callable[[], int] = lambda: 0,
-               tracing: Callable[[], ContextManager] = contextlib.nullcontext):
+               steps_completed: Callable[[], int] = lambda: 0):
     self._placement = tuple(placement)
     self._replica_ids = tuple(replica_ids)
     self._num_replicas = num_replicas
@@ -53,7 +49,6 @@ class InGraphEngine:
     self._workers = workers
     self._peers = peers
     self._steps_completed = steps_completed
-    self._tracing = tracing
     self.factory = creation.VariableFactory(self._placement)
     # Several workers: what the chief's initial values still have to reach.
     self._new_variables = (None if peers is None else peers_lib.NewVariables(
@@ -81,7 +76,7 @@ class InGraphEngine:
     """`(steps completed, outputs of the last, whether batches were uneven)`.
 
     `count(ran)` is called as steps complete, before the handlers of a signal
-    that ended the call run (`engine.interrupts`).
+    that ended the call run (`engines.in_graph.interrupts`).
     """
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
@@ -89,8 +84,7 @@ class InGraphEngine:
           step_fn, element_spec, devices=self._placement,
           first_replica_id=self._replica_ids[0], num_replicas=self._num_replicas,
           factory=self.factory, jit_compile=self._jit_compile, workers=self._workers,
-          new_variables=self._new_variables, uneven_batches=uneven_batches,
-          tracing=self._tracing)
+          new_variables=self._new_variables, uneven_batches=uneven_batches)
       self._steps[(step_fn, input_fn)] = compiled
       streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
       streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
@@ -127,7 +121,7 @@ class InGraphEngine:
     """`compiled`'s `(completed, outputs, status)` for `steps` steps, counted.
 
     SIGINT and SIGTERM end a call of several steps between two steps
-    (`engine.interrupts`; on several workers, every worker's at the same step,
+    (`engines.in_graph.interrupts`; on several workers, every worker's at the same step,
     and every worker handles the signal), and their handlers run once its
     steps are counted. Where none raises (a handler that only takes note), the
     remaining steps run in a further call, as Python retries a system call that

@@ -30,8 +30,8 @@ from tensorflow.python.ops import op_selector
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
 
-from replicator.engine import registry
-from replicator.engine import variables
+from replicator.variables import registry
+from replicator.variables import replicated as variables
 
 _local = threading.local()
 

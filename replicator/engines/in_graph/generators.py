@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from replicator.collectives import replica_context
-from replicator.engine import registry
+from replicator.variables import registry
 
 
 class ReplicaGenerator(tf.__internal__.tracking.Trackable):

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.ops import summary_ops_v2
 
-from replicator.engine import creation
+from replicator.variables import creation
 
 
 def draws_from_kernel_state(graph, initializers=frozenset()) -> bool:

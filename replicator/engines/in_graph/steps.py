@@ -16,19 +16,20 @@ loop between two steps in `interrupts`.
 
 import contextlib
 import functools
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import op_selector
 
-from replicator.engine import merges
+from replicator.variables import deferred
 from replicator.collectives import replica_context
-from replicator.engine import step_args
-from replicator.engine import step_checks
+from replicator.engines import step_args
+from replicator.patches import registry as patches
+from replicator.engines import step_checks
 from replicator.inputs import fetch
-from replicator.engine import creation
-from replicator.engine import effects
-from replicator.engine import interrupts
+from replicator.variables import creation
+from replicator.engines.in_graph import effects
+from replicator.engines.in_graph import interrupts
 
 
 def _to_spec(value):
@@ -55,11 +56,8 @@ class CompiledStep:
   def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
                first_replica_id: int, num_replicas: int,
                factory: creation.VariableFactory, jit_compile: bool,
-               workers=None, new_variables=None, uneven_batches: bool = False,
-               tracing: Callable[[], ContextManager] = contextlib.nullcontext):
+               workers=None, new_variables=None, uneven_batches: bool = False):
     self._step_fn = step_fn
-    # What holds while the replicas are traced (`patches.registry.while_tracing`).
-    self._tracing = tracing
     self._element_spec = element_spec
     # what the traces see: dims that differ between workers are unknown
     self._traced_spec = fetch.agreed_element_spec(element_spec, workers, devices[0])
@@ -180,7 +178,7 @@ class CompiledStep:
   def _group(self) -> replica_context.ReplicaGroup:
     return replica_context.ReplicaGroup(self._devices, self._first_replica_id,
                                         self._num_replicas, workers=self._workers,
-                                        deferred=merges.DeferredMerges())
+                                        deferred=deferred.DeferredMerges())
 
   def _replica_scope(self, creating: bool):
     summaries = effects.summary_state()
@@ -222,8 +220,8 @@ class CompiledStep:
           try:
             concrete = self._replicated_step.get_concrete_function(batches, args, effects.GATE_SPEC)
             break
-          except merges.MergeAtWrite as read:
-            # Again, merging these where they are written (merges.DeferredMerges);
+          except deferred.MergeAtWrite as read:
+            # Again, merging these where they are written (deferred.DeferredMerges);
             # the variables the first trace made are made (`creating` fills them).
             for variable in read.variables:
               variable._merge_at_write = True  # pylint: disable=protected-access
@@ -254,7 +252,7 @@ class CompiledStep:
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
     group = self._group()
-    with self._tracing():
+    with patches.while_tracing():
       outputs = group.run(step_fn, per_replica, self._replica_scope(creating=self._creating))
     effects.hold_effects(graph.get_operations()[before:], gate)
     outputs = [step_checks.check_outputs(o, self._step_fn) for o in outputs]

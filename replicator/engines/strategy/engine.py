@@ -10,9 +10,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from replicator.engine import step_checks
-from replicator.strategy_engine import steps as steps_lib
-from replicator.strategy_engine import variables
+from replicator.engines import step_checks
+from replicator.engines.strategy import steps as steps_lib
+from replicator.engines.strategy import variables
 
 
 class StrategyEngine:

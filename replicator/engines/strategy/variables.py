@@ -5,7 +5,7 @@ copy), as Sonnet's own `TpuReplicator` makes them, so that each replica
 applies the optimizer's update to its own copy once the gradients are
 averaged: no all-reduce per write. Any other write inside a step (a moving
 average, a counter) is merged over the replicas at the write, as on the
-in-graph engine (`engine.variables`): a float mean (or the variable's own
+in-graph engine (`variables.replicated`): a float mean (or the variable's own
 `aggregation`), the first replica's value for integers.
 
 Variables that the first trace of a step creates are made in a trace of
@@ -27,9 +27,9 @@ from tensorflow.python.trackable import base as trackable
 
 from replicator.collectives import reduce_options
 from replicator.collectives import replica_context
-from replicator.engine import creation
-from replicator.engine import registry
-from replicator.engine import variables as in_graph_variables
+from replicator.variables import creation
+from replicator.variables import registry
+from replicator.variables import replicated as in_graph_variables
 
 _Aggregation = tf.VariableAggregation
 _local = threading.local()

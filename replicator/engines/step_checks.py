@@ -16,8 +16,8 @@ from replicator import errors
 from replicator.collectives import between_workers
 from replicator.collectives import replica_context
 from replicator.multiworker import peers
-from replicator.engine import registry
-from replicator.engine import variables
+from replicator.variables import registry
+from replicator.variables import replicated as variables
 
 # "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal.
 _XLA_MISSING_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA_\w+_JIT")

@@ -18,7 +18,7 @@ import catalogue
 import replicator
 from replicator import testing
 from replicator import tpu
-from replicator.strategy_engine import engine as strategy_engine
+from replicator.engines.strategy import engine as strategy_engine
 
 
 @pytest.mark.parametrize("argument,environment,want", [

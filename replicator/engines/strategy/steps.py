@@ -19,11 +19,11 @@ from tensorflow.python.framework import func_graph as func_graph_lib
 
 from replicator import errors
 from replicator.collectives import replica_context
-from replicator.engine import creation
-from replicator.engine import step_args
-from replicator.engine import step_checks
+from replicator.variables import creation
+from replicator.engines import step_args
+from replicator.engines import step_checks
 from replicator.patches import registry as patches
-from replicator.strategy_engine import collectives
+from replicator.engines.strategy import collectives
 
 
 class StrategyStep:

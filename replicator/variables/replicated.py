@@ -8,7 +8,7 @@ values, except on an ON_READ variable (a metric's accumulator), where it sums
 the changes. Where merges are collectives (GPUs, several workers), the merge
 of a float mean or of the first replica's value waits for the end of the
 step, where every variable so written is merged in one rendezvous, unless the
-step reads the copy in between (`merges.DeferredMerges`). Outside a step,
+step reads the copy in between (`deferred.DeferredMerges`). Outside a step,
 reads see copy 0 and writes go to every copy.
 """
 
@@ -21,12 +21,12 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.types import core
 
-from replicator.engine import merges
+from replicator.variables import deferred
 from replicator.collectives import reductions
 from replicator.collectives import replica_context
 from replicator.collectives import gathering
 from replicator.collectives import reduce_options
-from replicator.engine import registry
+from replicator.variables import registry
 
 _Aggregation = tf.VariableAggregation
 _ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
@@ -198,17 +198,17 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
       if method == "assign" and self._sums_changes:
         old = copy.read_value()
         total = old + self._aggregate(replica, value - old)
-        return merges.written_here(replica, copy, lambda: copy.assign(total, **kwargs))
+        return deferred.written_here(replica, copy, lambda: copy.assign(total, **kwargs))
       defers = self._defers(replica)
       value = self._aggregate(replica, value, defer=defers)
-      if isinstance(value, merges.Deferred):  # written here, merged at the step's end
+      if isinstance(value, deferred.Deferred):  # written here, merged at the step's end
         replica.group.deferred.add(
-            self, tf.compat.v1.get_default_graph().capture(copy.handle), merges.merge_deferred)
+            self, tf.compat.v1.get_default_graph().capture(copy.handle), deferred.merge_deferred)
         value = value.value
-    return merges.written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
+    return deferred.written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
 
   def _defers(self, replica) -> bool:
-    """Whether this write's merge waits for the step's end (`merges.DeferredMerges`).
+    """Whether this write's merge waits for the step's end (`deferred.DeferredMerges`).
 
     A mean's and a first replica's value's may: the merge of what each
     replica's writes leave, one for all the step's writes where merges are
@@ -229,7 +229,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     group = replica.group
     op = self._reduce_op
     if defer:
-      merge = lambda values: [[merges.Deferred(v) for v in own] for own in values]
+      merge = lambda values: [[deferred.Deferred(v) for v in own] for own in values]
     elif op is None:
       merge = lambda values: reductions.broadcast(
           values, 0, group.devices, group.num_replicas, group.first_replica_id,
@@ -251,7 +251,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     copy = self._copy_to_write(replica)
     if not replica_context.local_writes() and replica.group.num_replicas > 1:
       value = aggregate(replica, value)
-    return merges.written_here(replica, copy, lambda: write(copy, value))
+    return deferred.written_here(replica, copy, lambda: write(copy, value))
 
   def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
                             end_mask, ellipsis_mask, new_axis_mask,
