@@ -71,7 +71,7 @@ def tpu_engine_on_fake_tpu(num_cores: int = 8, num_hosts: int = 1):
   a call TPUStrategy forbids in its replicate context). What it cannot
   show: the TPU compiler's verdict (a dynamic shape, an op with no TPU
   kernel), memory, numerics and execution; `tpu_engine_on_cpus` executes
-  the same engine, and `python -m benchmarks.tpu_check` checks it on a TPU.
+  the same engine, and `python -m benchmarks.checks.tpu_check` checks it on a TPU.
 
   Args:
     num_cores: TPU cores per host (1, 2, 4 or 8).

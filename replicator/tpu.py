@@ -87,7 +87,7 @@ class TpuReplicator(base.Replicator):
   `tf.distribute`'s `TPUStrategy` (Sonnet's `TpuReplicator`), through the
   strategy engine (`replicator.engines.strategy`), with the semantics of the
   other replicators; docs/design.md, "The strategy engine", says where it
-  differs. Not run on a TPU by this project: `python -m benchmarks.tpu_check`
+  differs. Not run on a TPU by this project: `python -m benchmarks.checks.tpu_check`
   checks it there.
 
   With `emulate_on_cpu=True` the same strategy engine runs on the CPU, on a

@@ -1,7 +1,7 @@
 """The benchmarks' own arithmetic: what the report's verdicts rest on.
 
 The rendered markdown is read as tables (header and cells), and its figures and
-verdicts are checked against the JSON they come from and benchmarks/targets.json,
+verdicts are checked against the JSON they come from and benchmarks/report/targets.json,
 not against the wording around them.
 """
 
@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from benchmarks import render
-from benchmarks import scaling
-from benchmarks import sections
-from benchmarks import targets
+from benchmarks.report import render
+from benchmarks.report import sections
+from benchmarks.report import targets
+from benchmarks.runs import scaling
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_results_md_is_what_render_writes_from_the_results():
   it again as it is but for the day."""
   committed = (ROOT / "benchmarks" / "RESULTS.md").read_text()
   date = re.search(r"written (\d{4}-\d{2}-\d{2}) by", committed).group(1)
-  rendered = render.render(render.load_results(), render.read_notes(), date=date)
+  rendered = render.render(render.load_results(), date=date)
   assert rendered == committed, "run python -m benchmarks.report --no-run"
 
 
@@ -163,11 +163,11 @@ def test_a_separate_bf16_run_is_judged_by_the_bf16_target():
 
 
 def test_the_device_machines_gpu_checks_pass_on_two_logical_cpus():
-  """benchmarks/device/gpu_check.py runs only where a GPU is lent; `--cpu` runs
+  """benchmarks/checks/gpu_check.py runs only where a GPU is lent; `--cpu` runs
   its checks (training against one-device oracles, merges at the step's end,
   a bfloat16 sum) here, so the script is known to work before device time is
   spent on it. Its own process: it splits the CPU before TensorFlow starts."""
-  done = subprocess.run([sys.executable, "-m", "benchmarks.device.gpu_check", "--cpu"],
+  done = subprocess.run([sys.executable, "-m", "benchmarks.checks.gpu_check", "--cpu"],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0 and "failed: none" in done.stdout, (
       done.stdout[-3000:] + done.stderr[-3000:])

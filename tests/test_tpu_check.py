@@ -1,4 +1,4 @@
-"""benchmarks/tpu_check.py, the script a TPU user runs, on its stand-in here."""
+"""benchmarks/checks/tpu_check.py, the script a TPU user runs, on its stand-in here."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks import tpu_check
+from benchmarks.checks import tpu_check
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHECKS = ["sonnet_adam", "keras_sgd", "cross_replica_batch_norm", "collectives",
@@ -21,7 +21,7 @@ def test_every_check_passes_on_the_stand_in_with_two_replicas(tmp_path):
   out = tmp_path / "tpu_check.json"
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   run = subprocess.run(
-      [sys.executable, "-m", "benchmarks.tpu_check", "--stand_in", "2", "--json", str(out)],
+      [sys.executable, "-m", "benchmarks.checks.tpu_check", "--stand_in", "2", "--json", str(out)],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
   printed = run.stdout + run.stderr
   assert out.exists(), printed[-4000:]

@@ -3,8 +3,8 @@
 #   bash benchmarks/device/run.sh SECONDS
 # What issue 7 left unmeasured on the box, on its 16 cores with the GPU hidden, most wanted first
 # (item 6, ResNet-50 on the GPU, was met and is not re-run: `python3 -m
-# benchmarks.resnet50 ...` as DEVICE.md says runs it again; the GPU paths' own checks
-# are benchmarks/device/gpu_check.py):
+# benchmarks.runs.resnet50 ...` as DEVICE.md says runs it again; the GPU paths' own checks
+# are benchmarks/checks/gpu_check.py):
 #   item 4: scaling at 1 and 8 workers with 5120 examples per worker, where a step
 #     computes per byte of gradient what ResNet-50 does at 32 images per worker (Goyal
 #     et al.'s batch per GPU) (at 64, measured on the box, the all-reduce is 2x the
@@ -23,18 +23,18 @@ start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
 . /root/tfgpu.env
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=
-timeout $(( budget * 48 / 100 )) python3 -m benchmarks.scaling --workers 1,8 --batch 5120 \
+timeout $(( budget * 48 / 100 )) python3 -m benchmarks.runs.scaling --workers 1,8 --batch 5120 \
   --rounds 2 --iters 3 --json "$OUT/scaling_box_compute.json"
 echo "scaling: exit $? at $(( $(date +%s) - start )) s"
 variants="ours fp32, 16MB buckets, 2 in flight;ours bf16, 16MB buckets, 2 in flight;\
 MWMS RING, bytes_per_pack=0;MWMS RING, bytes_per_pack=32MB;transfer alone: one bf16 tensor"
 if [ "$(left)" -gt 60 ]; then
-  timeout $(( $(left) * 75 / 100 )) python3 -m benchmarks.allreduce --workers 8,4,2 --rounds 2 \
-    --variants "$variants" --json "$OUT/allreduce_box_default.json"
+  timeout $(( $(left) * 75 / 100 )) python3 -m benchmarks.runs.allreduce --workers 8,4,2 \
+    --rounds 2 --variants "$variants" --json "$OUT/allreduce_box_default.json"
   echo "allreduce: exit $? at $(( $(date +%s) - start )) s"
 fi
 if [ "$(left)" -gt 25 ]; then
-  timeout $(( $(left) - 5 )) python3 -m benchmarks.step_rate --replicas 2 --rounds 10 \
+  timeout $(( $(left) - 5 )) python3 -m benchmarks.runs.step_rate --replicas 2 --rounds 10 \
     --json "$OUT/step_rate_box.json"
   echo "step_rate: exit $? at $(( $(date +%s) - start )) s"
 fi

@@ -215,7 +215,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     collectives (between GPUs or workers: one launch or round trip instead of
     one per write). Where they are sums in the graph (the CPUs of one worker)
     each merges at its write: packing them only adds ops that Grappler pays
-    for in the first step (benchmarks.first_step).
+    for in the first step (benchmarks.runs.first_step).
     Not inside a `tf.cond` or loop of step_fn, where the end could not
     follow, nor for booleans, which no all-reduce takes.
     """

@@ -356,17 +356,17 @@ def test_one_worker_or_one_bucket_has_no_lanes():
 
 def test_benchmarks_name_the_library_default_buckets():
   """RESULTS.md marks "(the default)" and the all-reduce benchmark runs it."""
-  from benchmarks import allreduce as bench  # pylint: disable=g-import-not-at-top
-  from benchmarks import report  # pylint: disable=g-import-not-at-top
+  from benchmarks.runs import allreduce as bench  # pylint: disable=g-import-not-at-top
+  from benchmarks.report import sections  # pylint: disable=g-import-not-at-top
   options = replicator.AllReduceOptions()
   # buckets in flight where a host has a core per worker (else 1)
   default = (options.pack_bytes // 2**20, options.lanes(crowded=False))
   assert options.pack_bytes == default[0] * 2**20
-  assert report.DEFAULT_BUCKETS == default
+  assert sections.DEFAULT_BUCKETS == default
   named = {f"ours {dtype}, {default[0]}MB buckets, {default[1]} in flight"
            for dtype in ("fp32", "bf16")}
   assert named <= set(bench.VARIANTS)
-  assert all(report._variant_label(v).endswith("(the default)") for v in named)  # pylint: disable=protected-access
+  assert all(sections.variant_label(v).endswith("(the default)") for v in named)
 
 @pytest.mark.parametrize("compression,bound", list(ROUNDING.items()))
 def test_compressed_all_reduce_error_is_bounded(compression, bound):

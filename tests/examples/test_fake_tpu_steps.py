@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import replicator
-from benchmarks import tpu_check
+from benchmarks.checks import tpu_check
 from examples.gan import configs
 from examples.gan import data as gan_data
 from examples.gan import gan_trainer

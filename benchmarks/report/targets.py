@@ -1,4 +1,4 @@
-"""The targets of benchmarks/targets.json, and how a figure is judged by one.
+"""The targets of benchmarks/report/targets.json, and how a figure is judged by one.
 
 The numbers and the baselines they divide by live in that file alone, so that
 a target changes as data: every verdict column of RESULTS.md and its glance

@@ -3,22 +3,16 @@
   python -m benchmarks.report            # run all, then write RESULTS.md
   python -m benchmarks.report --no-run   # rewrite RESULTS.md from results/*.json
 
-The work is in three places: benchmarks/run_all.py runs the commands, each
-writing its JSON under benchmarks/results/; benchmarks/render.py (with
-sections.py and other_sections.py) turns those into RESULTS.md; and
-benchmarks/targets.json holds every target the tables judge by.
+The work is in three places: benchmarks/runs/run_all.py runs the commands, each
+writing its JSON under benchmarks/results/; render.py here (with sections.py
+and other_sections.py) turns those into RESULTS.md; and targets.json here holds
+every target the tables judge by.
 """
 
 import argparse
 
-from benchmarks import render
-from benchmarks import run_all
-from benchmarks import sections
-
-# tests/collectives/test_collectives.py checks these against the library's
-# default AllReduceOptions under these names.
-DEFAULT_BUCKETS = sections.DEFAULT_BUCKETS
-_variant_label = sections.variant_label
+from benchmarks.report import render
+from benchmarks.runs import run_all
 
 
 def main():

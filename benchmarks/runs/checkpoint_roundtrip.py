@@ -1,6 +1,6 @@
 """Checkpoint round trip: save and restore time of a ResNet-50-sized state.
 
-  python -m benchmarks.checkpoint_roundtrip [--params 25600000] [--replicas 2]
+  python -m benchmarks.runs.checkpoint_roundtrip [--params 25600000] [--replicas 2]
 
 Saves a model (one big and many small variables, ~ResNet-50's 161 tensors and
 25.6M parameters) with its Adam slots through `replicator.Checkpointer`, then
@@ -21,7 +21,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
-from benchmarks import common
+from benchmarks.runs import common
 
 
 def build(repl, sizes):

@@ -2,12 +2,12 @@
 
 The checkpoint round trip, the all-gather and batch norm steps, the time to the
 first step and the GPU paths' checks: each `*_section(r)` turns one result
-(benchmarks/results/NAME.json) into markdown, as benchmarks/sections.py does for
-the benchmarks that benchmarks/targets.json judges.
+(benchmarks/results/NAME.json) into markdown, as benchmarks/report/sections.py does for
+the benchmarks that benchmarks/report/targets.json judges.
 """
 
-from benchmarks import sections
-from benchmarks import targets
+from benchmarks.report import sections
+from benchmarks.report import targets
 
 COMMANDS = sections.COMMANDS
 table = sections.table
@@ -105,7 +105,7 @@ def gpu_check_section(r, command=None):
   failed_before = [row["check"] for row in before or () if not row["ok"]]
   return "\n\n".join([
       "## The GPU paths against one-device oracles (correctness, not speed)",
-      f"`{command or r['command']}` at {r.get('commit', '?')} (benchmarks/device/gpu_check.py "
+      f"`{command or r['command']}` at {r.get('commit', '?')} (benchmarks/checks/gpu_check.py "
       "says what each check trains and compares; TF32 off)",
       table(rows, ["check", "", "largest differences"]),
       *([f"The same checks before {r.get('commit')}: "

@@ -13,7 +13,7 @@ scaled by `--scale` (0.25: 6.4 M floats, 25.6 MB in float32; 1.0 is the real
 in float32 and in bfloat16: the transfer alone, with no packing or casting,
 which bounds what packing and compression can reach.
 
-  python -m benchmarks.allreduce [--workers 2,4] [--rounds 3] [--op sum|mean]
+  python -m benchmarks.runs.allreduce [--workers 2,4] [--rounds 3] [--op sum|mean]
       [--json out.json]
 
 `--op mean` averages, as a training step's gradients are averaged, on both
@@ -30,7 +30,7 @@ import functools
 import json
 import re
 
-from benchmarks import common
+from benchmarks.runs import common
 
 VARIANTS = ("ours fp32, 16MB buckets, 2 in flight", "ours bf16, 16MB buckets, 2 in flight",
             "ours bf16, float32 sum",
@@ -186,7 +186,7 @@ def _ratios(best, rounds, counts, variants):
 
 
 def _run_job(variants, workers, scale, iters, op):
-  return common.run_job("benchmarks.allreduce", ["--worker", ";".join(variants),
+  return common.run_job("benchmarks.runs.allreduce", ["--worker", ";".join(variants),
                                                  "--scale", str(scale),
                                                  "--iters", str(iters), "--op", op],
                         workers)

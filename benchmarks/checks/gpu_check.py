@@ -1,6 +1,6 @@
 """On the device machine: the library's GPU paths against one-device oracles.
 
-    . /root/tfgpu.env && python3 -m benchmarks.device.gpu_check [--json FILE]
+    . /root/tfgpu.env && python3 -m benchmarks.checks.gpu_check [--json FILE]
 
 The suite runs on logical CPUs, where a merge between replicas is an `add_n`; on
 several GPUs it is NCCL (`nccl_ops.all_sum`) and float moving averages are merged
@@ -34,7 +34,7 @@ import traceback
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import common
+from benchmarks.runs import common
 
 RESULTS = []
 
@@ -290,7 +290,7 @@ def main():
     mirrored(devices)
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"command": "python3 -m benchmarks.device.gpu_check"
+      json.dump({"command": "python3 -m benchmarks.checks.gpu_check"
                             + (" --cpu" if args.cpu else ""),
                  "machine": common.machine() + ("" if args.cpu else
                                                 ", its GPU split into 2 logical GPUs of 8 GiB"),

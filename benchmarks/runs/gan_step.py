@@ -6,7 +6,7 @@ variant is the same code with no library: a `tf.function` over an iterator,
 Sonnet Adam, a `tf.random.Generator`. Both run in one process, alternating
 rounds; prints ms per D+G step and the ratio.
 
-  python -m benchmarks.gan_step [--batch 64] [--rounds 5] [--json out.json]
+  python -m benchmarks.runs.gan_step [--batch 64] [--rounds 5] [--json out.json]
 """
 
 import argparse
@@ -19,7 +19,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
-from benchmarks import common
+from benchmarks.runs import common
 from examples.gan import configs
 from examples.gan import gan_trainer
 from examples.gan import losses

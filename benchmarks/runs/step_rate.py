@@ -3,7 +3,7 @@
 Runs every variant in one process, alternating rounds, and prints ms per step
 and the ratios (absolute times on a shared machine are noise; ratios less so).
 
-  python -m benchmarks.step_rate [--replicas 2] [--rounds 5] [--threads 1,2]
+  python -m benchmarks.runs.step_rate [--replicas 2] [--rounds 5] [--threads 1,2]
       [--gpus] [--json out.json]
 
 `--gpus` splits the first GPU into `--replicas` logical GPUs and runs every variant
@@ -22,7 +22,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replicator
-from benchmarks import common
+from benchmarks.runs import common
 
 GLOBAL_BATCH = 64
 

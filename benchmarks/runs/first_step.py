@@ -20,7 +20,7 @@ momentum on every side (Sonnet optimizers refuse MirroredStrategy). Prints
 seconds to the end of the first step (best of rounds), the ratios, and the
 second step's time as a check that the first one did the compiling.
 
-  python -m benchmarks.first_step [--replicas 1,2] [--rounds 3] [--json out.json]
+  python -m benchmarks.runs.first_step [--replicas 1,2] [--rounds 3] [--json out.json]
 """
 
 import argparse
@@ -30,9 +30,11 @@ import subprocess
 import sys
 import time
 
-from benchmarks import common
+from benchmarks.runs import common
 
 VARIANTS = ("replicator", "MirroredStrategy", "plain tf.function")
+# The project root, where `python -m benchmarks.runs.first_step` runs.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _IMAGE = 32
 _PER_REPLICA_BATCH = 4
 _CLASSES = 10
@@ -120,10 +122,10 @@ def _child(variant: str, replicas: int) -> dict:
 
 def _measure(variant: str, replicas: int) -> dict:
   output = subprocess.run(
-      [sys.executable, "-m", "benchmarks.first_step", "--child", variant,
+      [sys.executable, "-m", "benchmarks.runs.first_step", "--child", variant,
        "--replicas", str(replicas)],
       check=True, capture_output=True, text=True,
-      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
+      cwd=ROOT).stdout
   return json.loads(output.strip().splitlines()[-1])
 
 

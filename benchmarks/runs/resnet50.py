@@ -1,9 +1,9 @@
 """ResNet-50 training images/s: examples/resnet under GpuReplicator vs plain Keras.
 
-Item 6 of benchmarks/targets.json, for the device machine's GPU (GPU build of
+Item 6 of benchmarks/report/targets.json, for the device machine's GPU (GPU build of
 TensorFlow, see ../shared/device/README.md):
 
-  python -m benchmarks.resnet50 [--batch 128] [--rounds 3] [--json out.json]
+  python -m benchmarks.runs.resnet50 [--batch 128] [--rounds 3] [--json out.json]
 
 Four variants, alternating within each round in one process, on one device
 (the first GPU, else the CPU), each training on one synthetic ImageNet-shaped
@@ -36,7 +36,7 @@ import keras  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
 import replicator
-from benchmarks import common
+from benchmarks.runs import common
 from examples.resnet import data
 from examples.resnet import experiment as experiment_lib
 from examples.resnet import models

@@ -1,6 +1,6 @@
 """On a TPU: `TpuReplicator` (the strategy engine) against one-device oracles.
 
-    python -m benchmarks.tpu_check [--tpu NAME | --stand_in N | --fake_tpu] [--json FILE]
+    python -m benchmarks.checks.tpu_check [--tpu NAME | --stand_in N | --fake_tpu] [--json FILE]
 
 With no flag it builds `replicator.TpuReplicator(tpu=NAME)` (NAME as
 `TpuReplicator` takes it: None tries `TPU_NAME`, `COLAB_TPU_ADDR`, then
@@ -106,7 +106,7 @@ import traceback
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import common
+from benchmarks.runs import common
 
 TOLERANCE = 1e-5  # relative, float32 (see the docstring)
 BFLOAT16_PASSES = 1e-2  # errors up to this on a TPU: most likely matmul precision
@@ -818,7 +818,7 @@ def replica_count(text: str) -> int:
 
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(
-      prog="python -m benchmarks.tpu_check",
+      prog="python -m benchmarks.checks.tpu_check",
       description="Checks TpuReplicator on a TPU (or its stand-in) against "
                   "one-device oracles.")
   where = parser.add_mutually_exclusive_group()
@@ -882,7 +882,7 @@ def main(argv=None):
   passed = sum(r["ok"] for r in RESULTS)
   seconds = round(time.time() - started, 1)
   if args.json:
-    report = {"command": "python -m benchmarks.tpu_check " + " ".join(
+    report = {"command": "python -m benchmarks.checks.tpu_check " + " ".join(
                   sys.argv[1:] if argv is None else argv),
               "machine": common.machine(), "device": device, "replicator": made,
               "precision": precision, "tolerance": TOLERANCE,

@@ -1,15 +1,15 @@
 """RESULTS.md's section for each benchmark, from the JSON that benchmark wrote.
 
 Each `*_section(r)` turns one result (benchmarks/results/NAME.json) into
-markdown: the command that made it, its figures and, where benchmarks/targets.json
+markdown: the command that made it, its figures and, where benchmarks/report/targets.json
 has a target for a figure, its verdict. Only presentation is decided here; what
 is judged, against what, is the targets file's.
 """
 
-from benchmarks import allreduce
-from benchmarks import run_all
-from benchmarks import scaling
-from benchmarks import targets
+from benchmarks.report import targets
+from benchmarks.runs import allreduce
+from benchmarks.runs import run_all
+from benchmarks.runs import scaling
 
 COMMANDS = run_all.COMMANDS
 DEVICE_COMMANDS = run_all.DEVICE_COMMANDS

@@ -10,10 +10,10 @@ replicator joins it, and the two train models of their own with their calls
 `examples/s(W) / examples/s(1)` against our own 1-worker figure: each of W
 workers has 1/W of the cores, so its fair share is 1/W of what one worker with
 every core trains, and the scaling target (an efficiency at 8 workers, in
-benchmarks/targets.json) reads "total examples/s divided by the 1-worker
+benchmarks/report/targets.json) reads "total examples/s divided by the 1-worker
 (16-thread) figure".
 
-  python -m benchmarks.scaling [--workers 1,2] [--rounds 2] [--batch 64]
+  python -m benchmarks.runs.scaling [--workers 1,2] [--rounds 2] [--batch 64]
       [--json out.json]
 
 The batch sets how much a step computes against the same gradient: an MLP
@@ -27,7 +27,7 @@ recipe's batch per GPU, Goyal et al. 2017).
 import argparse
 import json
 
-from benchmarks import common
+from benchmarks.runs import common
 
 VARIANTS = ("ours", "MWMS")
 
@@ -137,7 +137,7 @@ def main():
     rounds.append({})
     for workers in counts:
       result = common.run_job(
-          "benchmarks.scaling", ["--worker", "both", "--scale", str(args.scale),
+          "benchmarks.runs.scaling", ["--worker", "both", "--scale", str(args.scale),
                                  "--batch", str(args.batch), "--iters", str(args.iters),
                                  *(["--pack_mb", str(args.pack_mb)]
                                    if args.pack_mb is not None else [])],

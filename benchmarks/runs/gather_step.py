@@ -11,7 +11,7 @@ starts each worker's server, the replicator joins it, and the two train their
 own copies with their calls alternating (5 steps a call on both sides), so
 both share the job's luck.
 
-  python -m benchmarks.gather_step [--workers 2,4] [--rounds 3] [--json out.json]
+  python -m benchmarks.runs.gather_step [--workers 2,4] [--rounds 3] [--json out.json]
 
 Prints ms per step (worker 0's median call of `--iters`, best of the rounds)
 and MWMS / ours, best of rounds and round by round.
@@ -20,7 +20,7 @@ and MWMS / ours, best of rounds and round by round.
 import argparse
 import json
 
-from benchmarks import common
+from benchmarks.runs import common
 
 VARIANTS = ("ours", "MWMS")
 STEPS_PER_CALL = 5
@@ -118,7 +118,7 @@ def main():
     rounds.append({})
     for workers in counts:
       results = common.run_job(
-          "benchmarks.gather_step",
+          "benchmarks.runs.gather_step",
           ["--worker", "both", "--batch", str(args.batch), "--features",
            str(args.features), "--dim", str(args.dim), "--iters", str(args.iters)],
           workers)

@@ -28,7 +28,7 @@ worker, MWMS `BatchNormalization(synchronized=False)`. Each worker then also
 reports whether every worker's moving averages hold the same bits (a CRC of
 their bytes, gathered), on each side.
 
-  python -m benchmarks.bn_step [--workers 2] [--rounds 3] [--iters 15] [--batch 4]
+  python -m benchmarks.runs.bn_step [--workers 2] [--rounds 3] [--iters 15] [--batch 4]
       [--statistics global|per-worker] [--json out.json]
 
 Prints ms per step (worker 0's median call of `--iters`, best of the rounds),
@@ -41,7 +41,7 @@ import json
 import time
 import zlib
 
-from benchmarks import common
+from benchmarks.runs import common
 
 VARIANTS = ("ours", "MWMS")
 PARAMETERS = 23_528_522  # Sonnet's ResNet-50 v1.5 with 10 classes
@@ -208,7 +208,7 @@ def main():
     for workers in counts:
       ours_first = round_index % 2 == 0
       results = common.run_job(
-          "benchmarks.bn_step",
+          "benchmarks.runs.bn_step",
           ["--worker", "ours first" if ours_first else "MWMS first",
            "--batch", str(args.batch), "--iters", str(args.iters),
            "--statistics", args.statistics],

@@ -1,12 +1,14 @@
-"""Writes benchmarks/RESULTS.md from benchmarks/results/*.json and benchmarks/targets.json.
+"""Writes benchmarks/RESULTS.md from benchmarks/results/*.json and benchmarks/report/targets.json.
 
-  python -m benchmarks.render   # as `python -m benchmarks.report --no-run`
+  python -m benchmarks.report.render   # as `python -m benchmarks.report --no-run`
 
 Every figure in RESULTS.md comes from a JSON file under benchmarks/results/,
-each written by the command shown next to its table (benchmarks/run_all.py runs
-those this machine can); every target and verdict from benchmarks/targets.json.
+each written by the command shown next to its table (benchmarks/runs/run_all.py runs
+those this machine can); every target and verdict from benchmarks/report/targets.json.
 Rendering runs nothing, so RESULTS.md can be rewritten at any time from the
-results at hand; NOTES.md follows the tables as their commentary.
+results at hand. RESULTS.md is the tables and how to read them; the commentary
+(what the figures say, why a miss is what it is) is NOTES.md, written by hand,
+which RESULTS.md links to.
 """
 
 import datetime
@@ -14,14 +16,13 @@ import json
 import os
 import platform
 
-from benchmarks import other_sections
-from benchmarks import run_all
-from benchmarks import sections
-from benchmarks import targets
+from benchmarks.report import other_sections
+from benchmarks.report import sections
+from benchmarks.report import targets
+from benchmarks.runs import run_all
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = run_all.BENCHMARKS
 RESULTS = run_all.RESULTS
-NOTES = os.path.join(HERE, "NOTES.md")
 
 # The sections of results this machine makes (run_all.COMMANDS), in RESULTS.md's order.
 _HERE_SECTIONS = (
@@ -146,13 +147,35 @@ def summary_section(results: dict) -> str:
       "## Targets at a glance",
       "Each target with the figure that judges it (the median of the rounds where a "
       "result has rounds), the machine and the result file; the tables below have the "
-      "commands, and NOTES at the end says why each miss is what it is.",
+      "commands, and [NOTES.md](NOTES.md) says why each miss is what it is.",
       sections.table(rows, ["target", "wanted", "measured", "where", ""])])
 
 
-def render(results: dict, notes: str = "", date: str = None) -> str:
-  """RESULTS.md's text from `results` ({name: JSON}) and the notes that follow
-  the tables; `date`: the day it says it was written (today by default)."""
+def _how_to_read(separate_run: bool) -> str:
+  """The short guide above the tables; `separate_run`: whether a table holds a
+  figure from a run of its own (it says so)."""
+  return "\n".join([
+      "## How to read these tables",
+      "",
+      "- **Ratios, not times.** Every comparison ran ours and the `tf.distribute` (or "
+      "plain) equivalent in the same run, their calls alternating"
+      + (", but where a table says otherwise (item 6's bf16 + XLA)" if separate_run else "")
+      + ": in one process, or in one job whose worker processes both sides share. Absolute "
+      "times on these shared machines are noise; the ratios are the result.",
+      "- **Verdicts.** Where a result has rounds, its verdict takes the median of the "
+      "rounds' ratios. The targets, and the baseline each divides by, are "
+      "`benchmarks/report/targets.json`.",
+      "- **Machines.** A table whose heading names no machine ran on the machine above; the "
+      "device machine's tables (`benchmarks/DEVICE.md`) name it in their heading.",
+      "- **Sources.** Each table starts with the command that made it; its figures are "
+      "`benchmarks/results/NAME.json`, named in the glance table.",
+      "- **Commentary.** What the figures say, why each miss is what it is and what would "
+      "close it, and the speed of the examples on a CPU: [NOTES.md](NOTES.md)."])
+
+
+def render(results: dict, date: str = None) -> str:
+  """RESULTS.md's text from `results` ({name: JSON}); `date`: the day it says
+  it was written (today by default)."""
   body = []
   machine = None
   for name, section in _HERE_SECTIONS:
@@ -178,29 +201,17 @@ def render(results: dict, notes: str = "", date: str = None) -> str:
   header = (
       "# Benchmark results\n\n"
       f"Machine: {machine or platform.node()}; written "
-      f"{date or datetime.date.today().isoformat()} by `python -m benchmarks.report`. Every "
-      "comparison ran ours and the `tf.distribute` (or plain) equivalent in the same "
-      "run, alternating"
-      + (", but where a table says otherwise (item 6's bf16 + XLA)"
-         if any("(separate run)" in section for section in body) else "")
-      + "; absolute times on this shared machine are noise, the ratios are the result. "
-      "The device machine's tables name it. Raw figures: `benchmarks/results/*.json`.")
-  notes = "\n\n" + notes.strip() if notes.strip() else ""
-  return (header + "\n\n" + summary_section(results) + "\n\n" + "\n\n".join(body)
-          + notes + "\n")
+      f"{date or datetime.date.today().isoformat()} by `python -m benchmarks.report`, "
+      "from the results under `benchmarks/results/`.")
+  separate_run = any("(separate run)" in section for section in body)
+  return "\n\n".join([header, _how_to_read(separate_run), summary_section(results),
+                       *body]) + "\n"
 
 
-def read_notes(path: str = NOTES) -> str:
-  if not os.path.exists(path):
-    return ""
-  with open(path) as f:
-    return f.read()
-
-
-def write_report(path: str = os.path.join(HERE, "RESULTS.md")) -> str:
-  """Rewrites RESULTS.md from the results and notes on disk; returns its path."""
+def write_report(path: str = os.path.join(BENCHMARKS, "RESULTS.md")) -> str:
+  """Rewrites RESULTS.md from the results on disk; returns its path."""
   with open(path, "w") as f:
-    f.write(render(load_results(), read_notes()))
+    f.write(render(load_results()))
   return path
 
 

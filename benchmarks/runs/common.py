@@ -74,7 +74,7 @@ def command_line() -> str:
       continue
     if not arg.startswith("--json="):
       args.append(shlex.quote(arg))
-  command = " ".join([f"python -m benchmarks.{module}"] + args)
+  command = " ".join([f"python -m {__package__}.{module}"] + args)
   if os.environ.get("BENCH_GRPC"):  # an experiment's setting (`_tune_grpc`)
     command = f"BENCH_GRPC={shlex.quote(os.environ['BENCH_GRPC'])} {command}"
   return command
