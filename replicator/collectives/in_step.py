@@ -76,3 +76,46 @@ def broadcast(value, source_replica: int = 0):
   if not flat:
     return value
   return tf.nest.pack_sequence_as(value, replica.broadcast(flat, source_replica))
+
+
+def reduce_scatter(value, op=reduce_options.ReduceOp.SUM, method: str = "reduce_scatter"):
+  op = reduce_options.check_reduce_op(op)
+  if op not in (reduce_options.ReduceOp.SUM, reduce_options.ReduceOp.MEAN):
+    raise ValueError(
+        f"{method}: op must be ReduceOp.SUM or ReduceOp.MEAN, got ReduceOp.{op.name}. "
+        f"For this replica's slice of the {_EXTREMES[op]}, slice "
+        f"all_{op.name.lower()}(value) by repl.replica_id.")
+  replica = current_replica(method)
+  flat = _flatten(value, f"{method}({op.name})")
+  if not flat:
+    return value
+  reduce_options.check_reducible(flat, op, method)
+  for index, x in enumerate(flat):
+    _check_divisible(x, replica.num_replicas, method,
+                     f"tensor {index} of the {len(flat)} in the value"
+                     if len(flat) > 1 else "the value")
+  return tf.nest.pack_sequence_as(value, replica.reduce_scatter(flat, op, method=method))
+
+
+_EXTREMES = {reduce_options.ReduceOp.MAX: "maximum", reduce_options.ReduceOp.MIN: "minimum"}
+
+
+def _check_divisible(x: tf.Tensor, num_replicas: int, method: str, where: str):
+  """Raises unless `x`'s axis 0 splits into `num_replicas` equal slices."""
+  if x.shape.rank == 0:
+    raise ValueError(
+        f"{method}: {where} is a scalar, which has no axis 0 to split between "
+        f"the {num_replicas} replicas. Give a tensor whose axis 0 is a multiple "
+        f"of {num_replicas}, or reduce it whole with all_reduce.")
+  if x.shape.rank is None or x.shape[0] is None:
+    raise ValueError(
+        f"{method}: axis 0 of {where} (shape {x.shape}) is known only when the step "
+        f"runs; it must be a multiple of the {num_replicas} replicas when the step "
+        f"is traced. Give it a fixed size: pad it to a multiple of {num_replicas} "
+        "rows and tf.ensure_shape it.")
+  if x.shape[0] % num_replicas:
+    raise ValueError(
+        f"{method}: axis 0 of {where} (shape {x.shape}) has {x.shape[0]} rows, not a "
+        f"multiple of the {num_replicas} replicas, so it cannot be split into equal "
+        f"slices: pad axis 0 to a multiple of {num_replicas} (tf.pad with zeros, "
+        "which a SUM or MEAN leaves unchanged), or use all_reduce.")

@@ -80,6 +80,32 @@ class Replica(Protocol):
                 method: str = "broadcast", what: Optional[str] = None) -> List[tf.Tensor]:
     """Replica `source_replica`'s tensors, on every replica."""
 
+  def reduce_scatter(self, flat: List[tf.Tensor], op: reduce_options.ReduceOp, *,
+                     method: str = "reduce_scatter",
+                     what: Optional[str] = None) -> List[tf.Tensor]:
+    """This replica's slice of each tensor's SUM or MEAN over the replicas.
+
+    Replica r gets rows r * k to (r + 1) * k - 1 (axis 0) of the reduction,
+    k the rows over `num_replicas` (`in_step` checks that they divide). Here
+    the reduction is this replica's `all_reduce` and the slice is taken by
+    replica id (at run time where one trace serves every replica): a
+    reduce-scatter's result, with an all-reduce's traffic, and the gradient
+    of both (each replica's input gets every replica's upstream slice, in
+    replica order, divided by the replicas for a MEAN). An engine with a
+    reduce-scatter of its own may override it.
+    """
+    reduced = self.all_reduce(flat, op, reduce_options.AllReduceOptions(),
+                              method=method, what=what)
+    replica_id = self.static_replica_id()
+    if replica_id is None:
+      replica_id = self.replica_id()
+    sliced = []
+    for x, total in zip(flat, reduced):
+      rows, others = x.shape[0] // self.num_replicas, x.shape.rank - 1
+      sliced.append(tf.slice(total, [replica_id * rows] + [0] * others,
+                             [rows] + [-1] * others))
+    return sliced
+
   def with_summed_gradient(self, name: str, forward: Callable[..., List[tf.Tensor]],
                            inputs: List[tf.Tensor], grad_fn: Callable) -> List[tf.Tensor]:
     """`forward(*inputs)`, a computation across replicas, with its gradient.
