@@ -165,6 +165,24 @@ class Replicator:
     """Inside a step: the elementwise minimum of `value` over all replicas."""
     return self.all_reduce(value, ReduceOp.MIN, method="all_min")
 
+  def reduce_scatter(self, value, op=ReduceOp.SUM):
+    """Inside a step: this replica's slice of the SUM or MEAN of `value` over
+    all replicas.
+
+    Each tensor of `value` (a tensor or nest) is reduced over the replicas,
+    and replica r receives rows r * k to (r + 1) * k - 1 of it (axis 0, in
+    replica-id order), k its rows over `num_replicas`: axis 0 must be a
+    multiple of `num_replicas`, known when the step is traced. Differentiable:
+    each replica's input gets every replica's upstream slice, in replica
+    order (divided by `num_replicas` for a MEAN). The sum is all_reduce's,
+    without compression, and then sliced: it moves an all-reduce's bytes.
+
+    Args:
+      value: a tensor or a nest of tensors (numbers; integers with SUM).
+      op: `ReduceOp.SUM` or `ReduceOp.MEAN`.
+    """
+    return in_step.reduce_scatter(value, op)
+
   def all_gather(self, value, axis: int = 0):
     """Inside a step: every replica's `value` concatenated along `axis`, in
     replica-id order (the same result on every replica)."""

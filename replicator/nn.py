@@ -5,8 +5,6 @@ import sonnet as snt
 import tensorflow as tf
 
 from replicator.collectives import replica_context
-from replicator.collectives import gathering
-from replicator.collectives import in_step
 
 
 class CrossReplicaBatchNorm(snt.BatchNorm):
@@ -28,8 +26,8 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
                scale=None, offset=None):
     self._initialize(inputs)
     use_batch_stats = is_training or test_local_stats
-    replicas = replica_context.replicas_in_step()
-    across_replicas = use_batch_stats and replicas is not None and replicas > 1
+    replica = replica_context.current()
+    across_replicas = use_batch_stats and replica is not None and replica.num_replicas > 1
     # snt.BatchNorm's own path, fused kernel included (the same bits), unless
     # the statistics are the global batch's, or the fused kernel's unbiased
     # moving variance is due and the kernel refuses the dtype.
@@ -86,20 +84,15 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
     x = tf.cast(inputs, wide)
     replica = replica_context.current()
 
-    def gather(mine):  # [replicas, 1 + 2 x channels]
-      return replica.collective(
-          "all_gather of the batch statistics", [mine],
-          lambda values: gathering.all_gather(values, 0, replica.group.devices,
-                                              workers=replica.group.workers))[0]
-
-    def forward(x, gather=gather):
+    def forward(x):
       count = tf.cast(tf.size(x) // tf.shape(x)[self._channel_index], wide)
       mean = tf.math.divide_no_nan(tf.reduce_sum(x, self._axis, keepdims=True), count)
       squares = tf.reduce_sum(tf.math.squared_difference(x, mean), self._axis,
                               keepdims=True)
       mine = tf.concat([tf.reshape(count, [1, 1]), tf.reshape(mean, [1, -1]),
                         tf.reshape(squares, [1, -1])], axis=1)
-      every = gather(mine)
+      # [replicas, 1 + 2 x channels]
+      every, = replica.all_gather([mine], 0, what="the batch statistics")
       channels = mean.shape.num_elements()
       counts, means, squares = tf.split(every, [1, channels, channels], axis=1)
       total = tf.reduce_sum(counts)
@@ -109,15 +102,12 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
       shape = tf.shape(mean)
       return [tf.reshape(global_mean, shape), tf.reshape(squares / total, shape), total]
 
-    if replica is None:  # the strategy engine: tf.distribute's gather, differentiated
-      mean, variance, total = forward(x, gather=in_step.all_gather)
-    else:
-      mean, variance, total = in_step.with_summed_gradient(
-          "the batch statistics", forward, [x], _global_moments_gradient)
+    mean, variance, total = replica.with_summed_gradient(
+        "the batch statistics", forward, [x], _global_moments_gradient)
     return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype), total
 
 
-def _global_moments_gradient(xs, ys, summed_dys, unused_replica):
+def _global_moments_gradient(xs, ys, summed_dys):
   """The gradient of the global batch's mean M and variance V at this replica's x.
 
   Every replica's loss depends on M = sum(x) / N and V = sum((x - M)^2) / N

@@ -212,11 +212,11 @@ class ReplicatedOptimizer(tf.Module):
       with keras.name_scope(self._base.name, caller=self._base):
         self._base.build(variables)
       self._base.built = True
-    replicas = replica_context.replicas_in_step()
-    if replicas is None:  # outside a step: a plain update of every copy
+    replica = replica_context.current()
+    if replica is None:  # outside a step: a plain update of every copy
       return self._base_apply(grads, variables)
     reduced = [grads[i] for i in present]
-    if replicas > 1:
+    if replica.num_replicas > 1:
       reduced = in_step.all_reduce(reduced, self._gradient_reduction,
                                    self._all_reduce)
     else:  # dense, as the reduction makes them: the same update on 1 or N replicas

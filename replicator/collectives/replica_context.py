@@ -1,10 +1,17 @@
-"""The replica context: which replica is being traced, and where replicas meet.
+"""The replica interface: which replica's step is being traced, on either engine.
 
-A step is traced once per local replica into one graph. Each replica is traced
-in its own thread so that a collective can pause it until every replica has
-reached the same collective; the collective is then built from all replicas'
-values at once (see `collectives.reductions`). Threads run one at a time, in
-replica order, so graph construction is deterministic.
+`Replica` is what the collectives (`in_step`), the patches, `nn` and the
+optimizers ask of the replica whose part of a step is traced on this thread;
+`current()` returns it, whichever engine entered it (`entered`). The strategy
+engine's is `engines.strategy.collectives.StrategyReplica`, where
+`tf.distribute` traces the step; the in-graph engine's is `ReplicaContext`
+below.
+
+The in-graph engine traces a step once per local replica into one graph. Each
+replica is traced in its own thread so that a collective can pause it until
+every replica has reached the same collective; the collective is then built
+from all replicas' values at once (`ReplicaGroup`, `in_graph`). Threads run one
+at a time, in replica order, so graph construction is deterministic.
 
 `writing_locally` marks the updates that go straight to each replica's own copy
 (the optimizer's, whose inputs are already identical on every replica).
@@ -13,88 +20,118 @@ replica order, so graph construction is deterministic.
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 import tensorflow as tf
 
+from replicator.collectives import in_graph
+from replicator.collectives import reduce_options
 
 _local = threading.local()
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplicaContext:
-  """The replica whose part of the step is being traced on this thread."""
-  group: "ReplicaGroup"
-  index: int  # local replica index
+class Replica(Protocol):
+  """The replica whose part of a step is being traced on this thread.
 
-  @property
-  def replica_id(self) -> int:
-    return self.group.first_replica_id + self.index
+  The collectives take and return flat lists of tensors (`in_step` checks
+  the arguments and handles nests), one result per input, and are
+  differentiable as their public forms are. `method` names the call in
+  errors (`all_sum`); `what`, where given, says what the tensors are (in the
+  in-graph engine's errors about where replicas met, instead of their count).
 
-  @property
-  def device(self) -> str:
-    return self.group.devices[self.index]
+  Attributes:
+    num_replicas: replicas in the step, on every worker.
+    function_copies: where the `tf.function`s that step_fn calls keep a copy
+      per replica for this step's trace (`patches.nested_functions`).
+    in_tf_distribute_context: whether the step is traced in a
+      `tf.distribute` replica context of its replicas, where code written for
+      tf.distribute acts across them itself (a Keras optimizer sums the
+      gradients it is given and merges its updates); False where
+      `tf.distribute` sees the default context of one replica.
+  """
+  num_replicas: int
+  function_copies: Dict[Any, Any]
+  in_tf_distribute_context: bool
 
-  def collective(self, name: str, flat_values: List[tf.Tensor],
-                 merge: Callable[[List[List[tf.Tensor]]], List[List[tf.Tensor]]]):
-    return self.group.collective(self.index, name, flat_values, merge)
+  def replica_id(self) -> tf.Tensor:
+    """This replica's global id, an int32 scalar (known only when the step
+    runs where one trace serves every replica)."""
+
+  def static_replica_id(self) -> Optional[int]:
+    """This replica's global id where the trace is this replica's alone;
+    None where one trace serves every replica (a TPU's)."""
+
+  def static_local_index(self) -> Optional[int]:
+    """This replica's index among this worker's replicas (which of a
+    replicated variable's copies its trace holds) where the trace is this
+    replica's alone; None where one trace serves every replica."""
+
+  def all_reduce(self, flat: List[tf.Tensor], op: reduce_options.ReduceOp,
+                 options: reduce_options.AllReduceOptions, *,
+                 method: str = "all_reduce", what: Optional[str] = None) -> List[tf.Tensor]:
+    """Each tensor reduced with `op` over the replicas."""
+
+  def all_gather(self, flat: List[tf.Tensor], axis: int, *, method: str = "all_gather",
+                 what: Optional[str] = None) -> List[tf.Tensor]:
+    """Each replica's tensor concatenated along `axis`, in replica order (a
+    scalar as a vector of one)."""
+
+  def broadcast(self, flat: List[tf.Tensor], source_replica: int, *,
+                method: str = "broadcast", what: Optional[str] = None) -> List[tf.Tensor]:
+    """Replica `source_replica`'s tensors, on every replica."""
+
+  def reduce_scatter(self, flat: List[tf.Tensor], op: reduce_options.ReduceOp, *,
+                     method: str = "reduce_scatter",
+                     what: Optional[str] = None) -> List[tf.Tensor]:
+    """This replica's slice of each tensor's SUM or MEAN over the replicas.
+
+    Replica r gets rows r * k to (r + 1) * k - 1 (axis 0) of the reduction,
+    k the rows over `num_replicas` (`in_step` checks that they divide). Here
+    the reduction is this replica's `all_reduce` and the slice is taken by
+    replica id (at run time where one trace serves every replica): a
+    reduce-scatter's result, with an all-reduce's traffic, and the gradient
+    of both (each replica's input gets every replica's upstream slice, in
+    replica order, divided by the replicas for a MEAN). An engine with a
+    reduce-scatter of its own may override it.
+    """
+    reduced = self.all_reduce(flat, op, reduce_options.AllReduceOptions(),
+                              method=method, what=what)
+    replica_id = self.static_replica_id()
+    if replica_id is None:
+      replica_id = self.replica_id()
+    sliced = []
+    for x, total in zip(flat, reduced):
+      rows, others = x.shape[0] // self.num_replicas, x.shape.rank - 1
+      sliced.append(tf.slice(total, [replica_id * rows] + [0] * others,
+                             [rows] + [-1] * others))
+    return sliced
+
+  def with_summed_gradient(self, name: str, forward: Callable[..., List[tf.Tensor]],
+                           inputs: List[tf.Tensor], grad_fn: Callable) -> List[tf.Tensor]:
+    """`forward(*inputs)`, a computation across replicas, with its gradient.
+
+    `grad_fn(xs, ys, summed_dys)` is that gradient written out: given this
+    replica's float inputs, its float outputs and the sums over the replicas
+    of their upstream gradients, the float inputs' gradients. A replica whose
+    collectives differentiate themselves may differentiate `forward` instead:
+    the same values. `name` names the computation in errors.
+    """
 
 
-def current() -> Optional[ReplicaContext]:
-  """The replica context of this thread, or None outside a step."""
+def current() -> Optional[Replica]:
+  """The replica whose step this thread traces, or None outside a step."""
   return getattr(_local, "replica", None)
 
 
 @contextlib.contextmanager
-def _entered(replica: Optional[ReplicaContext]):
+def entered(replica: Optional[Replica]):
+  """Within, this thread traces `replica`'s part of a step (`current()`)."""
   previous = current()
   _local.replica = replica
   try:
     yield
   finally:
     _local.replica = previous
-
-
-def strategy_replica():
-  """The replica of a `tf.distribute` step being traced on this thread, or None.
-
-  Steps of the strategy engine (`replicator.engines.strategy`) are traced by
-  `tf.distribute` itself; while one is, the collectives of this package go to
-  the object that engine enters here (its `StrategyReplica`), which has
-  `num_replicas`, `replica_id()`, `all_reduce`, `all_gather` and `broadcast`.
-  """
-  return getattr(_local, "strategy_replica", None)
-
-
-@contextlib.contextmanager
-def entered_strategy_replica(replica):
-  """Within, this thread traces `replica`'s step (see `strategy_replica`)."""
-  previous = strategy_replica()
-  _local.strategy_replica = replica
-  try:
-    yield
-  finally:
-    _local.strategy_replica = previous
-
-
-def replicas_in_step() -> Optional[int]:
-  """The number of replicas of the step traced on this thread; None outside one."""
-  replica = current()
-  if replica is not None:
-    return replica.group.num_replicas
-  replica = strategy_replica()
-  return None if replica is None else replica.num_replicas
-
-
-def static_replica_id() -> Optional[int]:
-  """The global id of the replica traced on this thread, where the trace is
-  that replica's alone; None outside a step, or where one trace serves every
-  replica (a TPU's)."""
-  replica = current()
-  if replica is not None:
-    return replica.replica_id
-  replica = strategy_replica()
-  return None if replica is None else replica.static_replica_id()
 
 
 def local_writes() -> bool:
@@ -115,6 +152,43 @@ def writing_locally():
     yield
   finally:
     _local.local_writes = previous
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaContext(in_graph.InGraphCollectives, Replica):
+  """The in-graph engine's replica: the one whose part of the step is being
+  traced on this thread, with the other local replicas of `group`."""
+  group: "ReplicaGroup"
+  index: int  # local replica index
+
+  in_tf_distribute_context = False
+
+  @property
+  def num_replicas(self) -> int:
+    return self.group.num_replicas
+
+  @property
+  def function_copies(self) -> Dict[Any, Any]:
+    return self.group.function_copies
+
+  @property
+  def device(self) -> str:
+    return self.group.devices[self.index]
+
+  def replica_id(self) -> tf.Tensor:
+    return tf.constant(self.static_replica_id(), tf.int32, name="replica_id")
+
+  def static_replica_id(self) -> int:
+    return self.group.first_replica_id + self.index
+
+  def static_local_index(self) -> int:
+    return self.index
+
+  def collective(self, name: str, flat_values: List[tf.Tensor],
+                 merge: Callable[[List[List[tf.Tensor]]], List[List[tf.Tensor]]]):
+    """This replica's part of `merge(every local replica's flat_values)`,
+    where the replicas meet (`ReplicaGroup.collective`)."""
+    return self.group.collective(self.index, name, flat_values, merge)
 
 
 class ReplicaGroup:
@@ -218,7 +292,7 @@ class ReplicaGroup:
       with graph.as_default(), graph.name_scope(name_scope + "/" if name_scope else None):
         # (after `as_default`, which gives a function graph its outer graph's)
         graph._variable_creator_stack = creators  # pylint: disable=protected-access
-        with _entered(ReplicaContext(self, r)), replica_scope(r):
+        with entered(ReplicaContext(self, r)), replica_scope(r):
           outputs = fn(*args)
           if self.deferred is not None:
             self.deferred.merge()

@@ -42,17 +42,7 @@ def fold_replica_into_seed(draw_seed):
   def replica_draw_seed(seed):
     value = draw_seed(seed)
     replica = replica_context.current()
-    if replica is not None:
-      if not replica.replica_id:
-        return value
-      return value + tf.constant([randomness.fold(replica.replica_id), 0], value.dtype)
-    strategy = replica_context.strategy_replica()
-    if strategy is None:
-      return value
-    # One trace may serve every replica (a TPU's): the offset is computed when
-    # the step runs, as `randomness.fold` computes it (0 on replica 0).
-    offset = (tf.cast(strategy.replica_id(), tf.int64) * randomness.GOLDEN) % (2**31 - 1)
-    return value + tf.stack([tf.cast(offset, value.dtype), tf.zeros([], value.dtype)])
+    return value if replica is None else randomness.offset_seed(value, replica)
   return replica_draw_seed
 
 
@@ -61,9 +51,9 @@ def delegate_to_replicated(method: str):
   def make(original):
     def update(self, value):
       inner = getattr(self, "_value", None)
-      if ((isinstance(inner, variables.ReplicatedVariable) and replica_context.current())
-          or (hasattr(inner, "_replicator_reduce_op")  # the strategy engine's
-              and replica_context.strategy_replica() is not None)):
+      if replica_context.current() is not None and (
+          isinstance(inner, variables.ReplicatedVariable)  # the in-graph engine's
+          or hasattr(inner, "_replicator_reduce_op")):  # the strategy engine's
         return getattr(inner, method)(tf.cast(value, inner.dtype))
       return original(self, value)
     update.__name__ = method
@@ -74,7 +64,7 @@ def delegate_to_replicated(method: str):
 def sum_over_replicas(compute_moments_sync):
   """Keras' synchronized moments, summed over this step's replicas (fix 3)."""
   def moments_over_replicas(x, axes, keepdims):
-    if replica_context.replicas_in_step() is None:
+    if replica_context.current() is None:
       return compute_moments_sync(x, axes, keepdims)
     # As Keras computes them, with our all-reduce for the replica context's.
     total, squares, count = in_step.all_reduce(
@@ -93,11 +83,19 @@ def sum_over_replicas(compute_moments_sync):
 def reduced_once(all_reduce_sum_gradients):
   """Keras' gradient sum, skipped for the wrapped optimizer's update (fix 4)."""
   def all_reduce_sum_gradients_unless_reduced(self, grads_and_vars):
-    if (replica_context.strategy_replica() is not None
-        and replica_context.local_writes()):
+    if _reduced_by_the_wrapper():
       return list(grads_and_vars)
     return all_reduce_sum_gradients(self, grads_and_vars)
   return all_reduce_sum_gradients_unless_reduced
+
+
+def _reduced_by_the_wrapper() -> bool:
+  """Whether the wrapped optimizer's update is being traced (its gradients
+  already reduced over the replicas) where Keras would reduce them again:
+  in a `tf.distribute` replica context of the step's replicas."""
+  replica = replica_context.current()
+  return (replica is not None and replica.in_tf_distribute_context
+          and replica_context.local_writes())
 
 
 class _OwnCopies:
@@ -114,8 +112,7 @@ def updates_own_copies(maybe_merge_call):
   """TensorFlow's `maybe_merge_call`, without the merge for the wrapped
   optimizer's update inside a strategy step (fix 4)."""
   def maybe_merge_call_unless_local(fn, strategy, *args, **kwargs):
-    if (replica_context.strategy_replica() is not None
-        and replica_context.local_writes()):
+    if _reduced_by_the_wrapper():
       return fn(_OwnCopies, *args, **kwargs)
     return maybe_merge_call(fn, strategy, *args, **kwargs)
   return maybe_merge_call_unless_local

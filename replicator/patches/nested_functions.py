@@ -18,14 +18,12 @@ that would give it another replica's copies is an error.
 
 The strategy engine's replicas are traced by `tf.distribute`: on a TPU once
 for all, where nothing of this is needed; on its stand-in and in its traces
-outside `strategy.run`, each apart, where the same holds
-(`StrategyReplica.inline_functions`).
+outside `strategy.run`, each apart, where the same holds. Which is the case
+is the replica's `static_local_index()`: None where one trace serves all.
 
 Both replace a `__call__` of TensorFlow's, only while a step is traced
 (`patches.registry`).
 """
-
-import threading
 
 from tensorflow.python.autograph.core import converter
 from tensorflow.python.autograph.impl import api as autograph_api
@@ -38,13 +36,10 @@ def calls_per_replica(original_call):
   """`tf.function`'s `__call__`, which in a replica's trace calls as above."""
   def call(function, *args, **kwargs):
     replica = replica_context.current()
-    if replica is not None:
-      copies, key = replica.group.function_copies, (id(function), replica.index)
-    else:  # the strategy engine's replicas, where each is traced apart
-      strategy = replica_context.strategy_replica()
-      if strategy is None or not strategy.inline_functions:
-        return original_call(function, *args, **kwargs)
-      copies, key = strategy.function_copies, (id(function), threading.get_ident())
+    index = None if replica is None else replica.static_local_index()
+    if index is None:  # outside a step, or one trace serves every replica
+      return original_call(function, *args, **kwargs)
+    copies, key = replica.function_copies, (id(function), index)
     if function._run_functions_eagerly:  # pylint: disable=protected-access
       return original_call(function, *args, **kwargs)
     # pylint: disable-next=protected-access
@@ -74,10 +69,8 @@ def concrete_calls_checked(original_call):
   """
   def call(function, *args, **kwargs):
     replica = replica_context.current()
-    strategy = replica_context.strategy_replica() if replica is None else None
-    if replica is not None or strategy is not None:
-      # On the strategy engine, one trace may serve every replica (a TPU's).
-      this = replica.index if replica is not None else strategy.static_replica_id()
+    if replica is not None:
+      this = replica.static_local_index()  # None: one trace serves every replica
       for variable in function.variables:
         index = registry.copy_index(variable)
         if index is not None and index != this:

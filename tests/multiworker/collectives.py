@@ -121,6 +121,18 @@ def main():
 
   out["static_dw"] = repl.run(static_grad_step).numpy()
 
+  def reduce_scatter_step():  # value(r) as [4, 3]: one row of the sum per replica
+    x = tf.reshape(tf.gather(tf.constant(table), repl.replica_id), [n, -1])
+    i = tf.reshape(tf.gather(tf.constant(int_table), repl.replica_id), [n, -1])
+    with tf.GradientTape() as tape:
+      mine = repl.reduce_scatter(x * w)
+      loss = tf.reduce_sum(mine) * tf.cast(repl.replica_id + 1, tf.float32)
+    return {"rs_sum": mine, "rs_dw": tape.gradient(loss, w),
+            "rs_mean": repl.reduce_scatter(x, replicator.ReduceOp.MEAN),
+            "rs_int": repl.reduce_scatter(i)}
+
+  out.update({k: v.numpy() for k, v in repl.run(reduce_scatter_step).items()})
+
   def sliced_step():  # static parts of 2, 2 rows on worker 0 and 3, 1 on worker 1
     r = int(tf.get_static_value(repl.replica_id))
     x = tf.constant(SLICED)[SLICE_BOUNDS[r]:SLICE_BOUNDS[r + 1]]

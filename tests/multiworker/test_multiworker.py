@@ -132,6 +132,15 @@ def test_every_collective_across_two_workers_matches_numpy(tmp_path):
       q = 2 * w + r
       rows = worker.SLICED[worker.SLICE_BOUNDS[q]:worker.SLICE_BOUNDS[q + 1]]
       np.testing.assert_array_equal(got["sliced_dx"][r], n * rows.sum())
+      # reduce_scatter of value(p) as [4, 3]: replica q gets row q of the sum;
+      # replica p's loss weighs its row by p + 1, so replica q's input gets
+      # p + 1 on its row p.
+      as_rows, int_rows = x.reshape(n, n, -1), i.reshape(n, n, -1)
+      np.testing.assert_allclose(got["rs_sum"][r], as_rows.sum(0)[q:q + 1], rtol=1e-6)
+      np.testing.assert_allclose(got["rs_mean"][r], as_rows.mean(0)[q:q + 1], rtol=1e-6)
+      np.testing.assert_array_equal(got["rs_int"][r], int_rows.sum(0)[q:q + 1])
+      np.testing.assert_allclose(got["rs_dw"][r],
+                                 ((np.arange(n) + 1) * as_rows[q].sum(1)).sum(), rtol=1e-6)
       u = worker.UINT64
       assert got["u64_sum"].dtype == np.uint64 and got["u32_gather"].dtype == np.uint32
       np.testing.assert_array_equal(got["u64_sum"][r], u.sum())  # wraps, as NumPy's

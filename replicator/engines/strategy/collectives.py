@@ -1,8 +1,9 @@
-"""The collectives of a strategy step, on `tf.distribute`'s replica context.
+"""The strategy engine's replica, with its collectives on `tf.distribute`'s.
 
 `collectives.in_step` checks the arguments and flattens the nests, as for the
-in-graph engine, and hands the flat tensors to the `StrategyReplica` entered on
-the tracing thread. Sums and means are `ReplicaContext.all_reduce` (on a TPU,
+in-graph engine, and hands the flat tensors to the replica entered on the
+tracing thread (`collectives.replica_context.current()`): here a
+`StrategyReplica`. Sums and means are `ReplicaContext.all_reduce` (on a TPU,
 one cross-replica sum); a gather is each replica's words at its place among
 zeros, summed; maxima and minima reduce a gather; a broadcast is the sum of
 the source's words and zeros. Dtypes that a TPU's sum does not take travel
@@ -13,19 +14,23 @@ replica's rows of that sum; of a broadcast, that sum at the source only
 (written here, since words carry no gradient).
 """
 
-from typing import List
+from typing import Callable, List, Optional
 
 import tensorflow as tf
 
 from replicator.collectives import gathering
 from replicator.collectives import reduce_options
+from replicator.collectives import replica_context
 from replicator.collectives import wire
 
 ReduceOp = reduce_options.ReduceOp
 
 
-class StrategyReplica:
+class StrategyReplica(replica_context.Replica):
   """The replica whose step `tf.distribute` traces on this thread.
+
+  The `method` and `what` of its collectives are not in its errors, which
+  name the collective a TPU traces (`all_reduce`, `all_gather`).
 
   Args:
     num_replicas: replicas in the job.
@@ -33,16 +38,13 @@ class StrategyReplica:
       or to compile it with XLA on a stand-in): each collective gives a
       tensor of the shape and dtype it gives in the step, from this
       replica's values alone.
-    inline_functions: each replica is traced apart (a stand-in's threads, or
-      alone), so a tf.function that step_fn calls is traced inline in each
-      (`patches.nested_functions`) rather than keep the first one's trace.
   """
 
-  def __init__(self, num_replicas: int, alone: bool = False,
-               inline_functions: bool = False):
+  in_tf_distribute_context = True
+
+  def __init__(self, num_replicas: int, alone: bool = False):
     self.num_replicas = num_replicas
     self.alone = alone
-    self.inline_functions = inline_functions or alone
     self.function_copies = {}  # see `patches.nested_functions`
 
   def replica_id(self) -> tf.Tensor:
@@ -51,7 +53,7 @@ class StrategyReplica:
     replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
     return tf.cast(replica_id, tf.int32, name="replica_id")
 
-  def static_replica_id(self):
+  def static_replica_id(self) -> Optional[int]:
     """This replica's id as a Python int where the trace is one replica's (the
     stand-in's threads, a trace alone); None on a TPU, which traces every
     replica at once."""
@@ -61,8 +63,22 @@ class StrategyReplica:
     value = tf.get_static_value(replica_id)
     return None if value is None else int(value)
 
+  def static_local_index(self) -> Optional[int]:
+    """`static_replica_id()`: a trace of one replica's is one host's (the
+    stand-in's, a trace alone), whose copies are in replica order."""
+    return self.static_replica_id()
+
+  def with_summed_gradient(self, name: str, forward: Callable[..., List[tf.Tensor]],
+                           inputs: List[tf.Tensor], grad_fn: Callable) -> List[tf.Tensor]:
+    """`forward(*inputs)`, differentiated through its collectives, which
+    differentiate themselves: `grad_fn`'s values, by TensorFlow's autodiff."""
+    del name, grad_fn
+    return list(forward(*inputs))
+
   def all_reduce(self, flat: List[tf.Tensor], op: ReduceOp,
-                 options: reduce_options.AllReduceOptions) -> List[tf.Tensor]:
+                 options: reduce_options.AllReduceOptions, *,
+                 method: str = "all_reduce", what: Optional[str] = None) -> List[tf.Tensor]:
+    del method, what
     _check_tpu_values(flat, "all_reduce")
     if self.alone or self.num_replicas == 1:
       return [tf.identity(x) for x in flat]
@@ -78,7 +94,9 @@ class StrategyReplica:
         parts, lambda group: _sums(group, tf_op)))
     return [tf.cast(r, x.dtype) for r, x in zip(reduced, flat)]
 
-  def all_gather(self, flat: List[tf.Tensor], axis: int) -> List[tf.Tensor]:
+  def all_gather(self, flat: List[tf.Tensor], axis: int, *, method: str = "all_gather",
+                 what: Optional[str] = None) -> List[tf.Tensor]:
+    del method, what
     _check_tpu_values(flat, "all_gather")
     parts = [gathering.gather_part(x, axis) for x in flat]
     if self.alone:
@@ -87,7 +105,9 @@ class StrategyReplica:
       return [tf.identity(part) for part in parts]
     return self._gather(parts, axis)
 
-  def broadcast(self, flat: List[tf.Tensor], source_replica: int) -> List[tf.Tensor]:
+  def broadcast(self, flat: List[tf.Tensor], source_replica: int, *,
+                method: str = "broadcast", what: Optional[str] = None) -> List[tf.Tensor]:
+    del method, what
     _check_tpu_values(flat, "broadcast")
     if self.alone or self.num_replicas == 1:
       return [tf.identity(x) for x in flat]

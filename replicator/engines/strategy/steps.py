@@ -102,7 +102,7 @@ class StrategyStep:
         creation.created_where("on a later trace (run with new args)")))
     with lifting, self._strategy.scope(), graph.as_default(), \
         tf.variable_creator_scope(self._creator), no_creation, \
-        self._first_replica(), replica_context.entered_strategy_replica(replica), \
+        self._first_replica(), replica_context.entered(replica), \
         patches.while_tracing():
       batch = (None if self._element_spec is None else tf.nest.map_structure(
           lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), self._element_spec))
@@ -131,7 +131,7 @@ class StrategyStep:
 
     def step(*batch):
       with self._strategy.scope(), self._first_replica(), \
-          replica_context.entered_strategy_replica(replica), \
+          replica_context.entered(replica), \
           creation.no_creation(creation.created_where("in the XLA check")):
         outputs = self._call_step(batch[0] if batch else None, args)
       return [leaf for leaf in tf.nest.flatten(outputs) if leaf is not None]
@@ -156,10 +156,9 @@ class StrategyStep:
     del structure
     kept = [spec for spec in specs if spec is not None]
     # The stand-in traces each replica in a thread of its own, where a
-    # tf.function that step_fn calls would keep the first replica's trace (its
-    # replica id, its tensors); a TPU traces the replicas once.
-    replica = collectives.StrategyReplica(self._num_replicas,
-                                          inline_functions=self._stand_in)
+    # tf.function that step_fn calls is traced for each (`patches.nested_functions`:
+    # the replica's id is static there); a TPU traces the replicas once.
+    replica = collectives.StrategyReplica(self._num_replicas)
     strategy = self._strategy
 
 
@@ -167,7 +166,7 @@ class StrategyStep:
       if batch:  # the shapes the dataset promises (tf.distribute may relax them)
         batch = (tf.nest.map_structure(lambda t, spec: tf.ensure_shape(t, spec.shape),
                                        batch[0], self._element_spec),)
-      with replica_context.entered_strategy_replica(replica), \
+      with replica_context.entered(replica), \
           creation.no_creation(creation.created_where(
               "in the step traced by tf.distribute")):
         outputs = self._call_step(batch[0] if batch else None, args)

@@ -71,7 +71,7 @@ class _MergedWrites:
     # Read outside the TPU's replicate context, as in a trace of step_fn
     # alone, a packed copy is not what a GradientTape watches, so no gradient
     # would reach the variable: there each copy is read as itself.
-    replica = replica_context.strategy_replica()
+    replica = replica_context.current()
     if replica is not None and replica.alone:
       return False
     return super()._use_packed_variable()
@@ -116,7 +116,7 @@ class _MergedWrites:
     return super().assign(new)
 
   def _merged(self, method, value):
-    replica = replica_context.strategy_replica()
+    replica = replica_context.current()
     if replica is None or replica_context.local_writes() or replica.num_replicas == 1:
       return value
     value = tf.convert_to_tensor(value, self.dtype)
@@ -153,7 +153,7 @@ def _sparse_write(method: str):
       indices, rows, dense_shape = delta.indices, delta.values, delta.dense_shape
     indices = tf.convert_to_tensor(indices)
     rows = tf.convert_to_tensor(rows, self.dtype)
-    replica = replica_context.strategy_replica()
+    replica = replica_context.current()
     if (replica is not None and not replica_context.local_writes()
         and replica.num_replicas > 1):
       op = self._replicator_reduce_op

@@ -293,6 +293,31 @@ def test_a_collectives_gradient_traces_on_the_fake_tpu(op):
   assert_tpu_sums(repl, at_least=2)
 
 
+@pytest.mark.parametrize("dtype", [pytest.param(d, id=f"{d.name}-fake_tpu") for d in (
+    tf.float32, tf.bfloat16, tf.int32, tf.int64)])
+def test_reduce_scatter_and_its_gradient_trace_as_tpu_sums_on_the_fake_tpu(dtype):
+  """Each core's slice ([2, 3] of a [16, 3] sum), picked by a replica id
+  known only when the step runs, and the gradient of a mean's slice."""
+  repl = fake_tpu()
+
+  def step_fn():
+    value = tf.cast(tf.reshape(tf.range(2 * CORES * 3), [2 * CORES, 3]) + repl.replica_id,
+                    dtype)
+    if not dtype.is_floating:
+      return {"slice": repl.reduce_scatter(value)}
+    with tf.GradientTape() as tape:
+      tape.watch(value)
+      mine = repl.reduce_scatter(value, replicator.ReduceOp.MEAN)
+      loss = tf.reduce_sum(tf.square(tf.cast(mine, tf.float32)))
+    return {"slice": mine, "grad": tape.gradient(loss, value)}
+
+  got = repl.run(step_fn, steps=2)
+  assert got["slice"].shape == (CORES, 2, 3) and got["slice"].dtype == dtype
+  if dtype.is_floating:
+    assert got["grad"].shape == (CORES, 2 * CORES, 3) and got["grad"].dtype == dtype
+  assert_tpu_sums(repl, at_least=2 if dtype.is_floating else 1)
+
+
 def test_exact_integer_sums_gathers_and_broadcasts_run_on_the_stand_in():
   """The encodings a TPU traces, executed: 64-bit sums beyond 32 bits,
   wrapping narrow ints, bits of inf and NaN, against NumPy."""

@@ -1,0 +1,261 @@
+"""The collectives of the in-graph engine's replica, and their gradients.
+
+The in-graph engine traces every local replica into one graph, each in a
+thread of its own (`replica_context.ReplicaGroup`). A collective meets the
+other replicas at one rendezvous, where every replica's flat values are
+merged at once (`reductions`, `gathering`), and is differentiable: its
+gradient is a collective too. `replica_context.ReplicaContext`, the
+in-graph engine's `Replica`, has these as its methods (`InGraphCollectives`).
+"""
+
+import threading
+from typing import Callable, List, Optional
+
+import tensorflow as tf
+from tensorflow.python.eager import record
+
+from replicator.collectives import gathering
+from replicator.collectives import reduce_options
+from replicator.collectives import reductions
+
+ReduceOp = reduce_options.ReduceOp
+
+# Every collective's IdentityN (`_with_gradient`) is differentiated by one
+# gradient, registered once for the process: it calls the function kept for
+# that op in its graph's `_GRADIENTS` attribute. (A name registered per
+# collective would grow TensorFlow's gradient registry with every trace, and
+# keep every traced graph alive through the functions' closures; kept on the
+# graph, they go with it.)
+_GRADIENT = "ReplicatorCollective"
+_GRADIENTS = "_replicator_collective_gradients"  # op name -> its gradient
+_gradients_lock = threading.Lock()
+
+
+def _collective_gradient(op, *upstream):
+  gradients = getattr(op.graph, _GRADIENTS, {})
+  if op.name not in gradients:
+    raise LookupError(
+        f"The gradient of replicator's collective op {op.name!r} was asked of a "
+        "graph that it was not traced in (a copy of the step's graph, which keeps "
+        "no Python functions): differentiate the step's collectives inside "
+        "step_fn (tf.GradientTape or tf.gradients).")
+  return gradients[op.name](*upstream)
+
+
+try:
+  tf.RegisterGradient(_GRADIENT)(_collective_gradient)
+except KeyError:  # already, by this module before a reload: it finds the same
+  pass
+
+
+class InGraphCollectives:
+  """The `Replica` collectives of `ReplicaContext`, on flat lists of tensors.
+
+  Each meets the other local replicas at `self.collective(name, flat,
+  merge)`, which pauses this replica's trace until every replica has reached
+  it, then gives this replica its part of `merge(every replica's flat)`.
+  `method` names the call in errors (`all_sum`), and `what` what it
+  collects, where that is not the tensors' count.
+  """
+
+  def all_reduce(self, flat: List[tf.Tensor], op: ReduceOp,
+                 options: reduce_options.AllReduceOptions, *,
+                 method: str = "all_reduce", what: Optional[str] = None) -> List[tf.Tensor]:
+    group = self.group
+
+    def merge(values):
+      reduce_options.check_same_shapes(values, method, group.first_replica_id)
+      return reductions.all_reduce(values, op, group.devices, options,
+                                   num_replicas=group.num_replicas, workers=group.workers)
+
+    def grad(xs, ys, summed_dys):
+      if op is ReduceOp.SUM:
+        return summed_dys
+      if op is ReduceOp.MEAN:
+        return [dy / tf.cast(group.num_replicas, dy.dtype) for dy in summed_dys]
+      # As tf.reduce_max's gradient: the replicas that tie for the extreme
+      # share it equally, element by element (else each got all of it).
+      ties = [tf.cast(tf.equal(x, y), x.dtype) for x, y in zip(xs, ys)]
+      counts = self.collective(f"the tie count of {method}", ties, self._summed)
+      return [tie * dy / tf.maximum(count, 1) for tie, dy, count
+              in zip(ties, summed_dys, counts)]
+
+    return self._collective(f"{method}({op.name})", what, flat, merge, grad)
+
+  def all_gather(self, flat: List[tf.Tensor], axis: int, *, method: str = "all_gather",
+                 what: Optional[str] = None) -> List[tf.Tensor]:
+    group = self.group
+
+    def merge(values):
+      return gathering.all_gather(values, axis, group.devices, workers=group.workers)
+
+    def grad(xs, ys, summed_dys):
+      del ys
+      # Each replica's part of the gathered gradient starts after the earlier
+      # replicas' parts, whose sizes may differ (allow_uneven_batches).
+      parts = [gathering.gather_part(x, axis) for x in xs]
+      # Replicas trace apart, so a static size may differ between them (rows
+      # picked by replica_id): the starts are found over the local replicas,
+      # at trace time, where they can be.
+      starts = self.collective(
+          f"the static part sizes of {method}", parts,
+          lambda values: _static_starts(values, axis, group.workers))
+      if starts is not None:
+        sizes = [part.shape[axis] for part in parts]
+      else:
+        sizes = [tf.shape(part)[axis] for part in parts]
+        all_sizes = self.collective(
+            f"the part sizes of {method}", sizes,
+            lambda values: gathering.all_gather(values, 0, group.devices,
+                                                workers=group.workers))
+        starts = [tf.reduce_sum(every[:self.static_replica_id()]) for every in all_sizes]
+      grads = []
+      for x, summed_dy, size, start in zip(xs, summed_dys, sizes, starts):
+        along = tf.equal(tf.range(summed_dy.shape.rank), axis % summed_dy.shape.rank)
+        part = tf.slice(summed_dy, tf.where(along, start, 0), tf.where(along, size, -1))
+        grads.append(tf.reshape(part, tf.shape(x)))  # scalars too
+      return grads
+
+    return self._collective(method, what, flat, merge, grad,
+                            lambda: [gathering.gather_part(t, axis) for t in flat])
+
+  def broadcast(self, flat: List[tf.Tensor], source_replica: int, *,
+                method: str = "broadcast", what: Optional[str] = None) -> List[tf.Tensor]:
+    group = self.group
+
+    def merge(values):
+      return reductions.broadcast(values, source_replica, group.devices, group.num_replicas,
+                                  group.first_replica_id, group.workers)
+
+    def grad(xs, ys, summed_dys):
+      del xs, ys
+      if self.static_replica_id() == source_replica:
+        return summed_dys
+      return [tf.zeros_like(dy) for dy in summed_dys]
+
+    return self._collective(method, what, flat, merge, grad)
+
+  def with_summed_gradient(self, name: str, forward: Callable, inputs: List[tf.Tensor],
+                           grad_fn: Callable) -> List[tf.Tensor]:
+    """`forward(*inputs)`'s outputs, differentiated by `grad_fn` alone.
+
+    For a computation across replicas (one that holds collectives): its
+    outputs' upstream gradients are summed over every replica first, in one
+    collective, and `grad_fn(xs, ys, summed_dys)` gets this replica's float
+    inputs, its float outputs and their sums, and returns the float inputs'
+    gradients (it may run collectives of its own, every replica in the same
+    order). What `forward` computes in between is never differentiated.
+    """
+    def forward_and_backward(*xs):
+      outputs = forward(*xs)
+
+      def backward(*upstream):
+        upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
+                    for dy, y in zip(upstream, outputs)]
+        floats = [i for i, x in enumerate(xs) if x.dtype.is_floating]
+        float_outputs = [i for i, y in enumerate(outputs) if y.dtype.is_floating]
+        summed = self.collective(f"the gradient of {name}",
+                                 [upstream[i] for i in float_outputs], self._summed)
+        grads = [None] * len(xs)
+        float_grads = grad_fn([xs[i] for i in floats],
+                              [outputs[i] for i in float_outputs], summed)
+        for i, grad in zip(floats, float_grads):
+          grads[i] = grad
+        return grads
+
+      return outputs, backward
+
+    return _with_gradient(forward_and_backward, list(inputs))
+
+  def _summed(self, values: List[List[tf.Tensor]]) -> List[List[tf.Tensor]]:
+    """The merge of a sum over every replica (of gradients, of tie counts)."""
+    group = self.group
+    return reductions.all_reduce(values, ReduceOp.SUM, group.devices,
+                                 num_replicas=group.num_replicas, workers=group.workers)
+
+  def _collective(self, label: str, what: Optional[str], flat: List[tf.Tensor], merge,
+                  grad_fn, single: Callable[[], List[tf.Tensor]] = None):
+    """`merge` run over every replica's `flat`; differentiable.
+
+    The gradient of a collective is a collective of the upstream gradients:
+    `grad_fn(xs, ys, summed_dys)` gets this replica's float inputs, their
+    outputs and the sums over replicas of their upstream gradients, and
+    returns the inputs' gradients. So, as on one device with the whole batch,
+    a replica's input receives the gradient of every replica's loss
+    (cross-replica batch norm, losses over gathered values). On one replica
+    the collective is `single()` (by default the identity), checked and
+    shaped as on N.
+    """
+    if self.num_replicas == 1:
+      return flat if single is None else single()
+    name = f"{label} of {what or f'{len(flat)} tensor(s)'}"
+    if not any(x.dtype.is_floating for x in flat):
+      return self.collective(name, flat, merge)
+
+    def forward(*inputs):
+      return self.collective(name, list(inputs), merge)
+
+    return self.with_summed_gradient(name, forward, flat, grad_fn)
+
+
+def _static_starts(values, axis: int, workers):
+  """Per local replica, where each of its parts starts in the gathered tensor.
+
+  `values[r]`: local replica r's parts. None for every replica unless every
+  part's size along `axis` is static. With several workers, each worker's
+  concatenation of its replicas' parts must be fully static too: then
+  `gathering` gathered it at once, and the program check made its shape
+  every worker's, so the workers before this one hold that many rows each.
+  The same answer on every worker, as the sizes collective it saves must be.
+  """
+  several = workers is not None and workers.num_workers > 1
+  local_totals = []
+  for index in range(len(values[0])):
+    parts = [replica[index] for replica in values]
+    sizes = [part.shape[axis] for part in parts]
+    if any(size is None for size in sizes):
+      return [None] * len(values)
+    if several:
+      rank = parts[0].shape.rank
+      others = tf.TensorShape([None] * (rank - 1))
+      for part in parts:
+        dims = part.shape.as_list()
+        others = others.merge_with(dims[:axis % rank] + dims[axis % rank + 1:])
+      if not others.is_fully_defined():
+        return [None] * len(values)
+    local_totals.append(sum(sizes))
+  worker = workers.worker_index if several else 0
+  return [[worker * total + sum(replica[index].shape[axis] for replica in values[:r])
+           for index, total in enumerate(local_totals)]
+          for r in range(len(values))]
+
+
+def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
+  """`tf.custom_gradient(forward)(*inputs)` in a graph, without its variable search.
+
+  `tf.custom_gradient` walks the graph back from the outputs to the inputs to
+  find the variables read in between. A collective's outputs depend on every
+  replica's inputs, so that walk would go through every other replica's step
+  up to this point, once per collective: a large part of tracing a deep model
+  with cross-replica batch norm. A collective reads no variables: this does
+  what `tf.custom_gradient` does otherwise (an IdentityN whose gradient is
+  `backward`, for `tf.gradients`, and recorded so, for `tf.GradientTape`).
+  """
+  outputs, backward = forward(*inputs)
+  outputs = [tf.convert_to_tensor(y) for y in outputs]
+
+  def gradient(*upstream):  # IdentityN's gradients: outputs' (none), inputs'
+    return [None] * len(outputs) + list(backward(*upstream[:len(outputs)]))
+
+  graph = tf.compat.v1.get_default_graph()
+  with graph.gradient_override_map({"IdentityN": _GRADIENT}):
+    both = tf.identity_n(outputs + list(inputs))
+  with _gradients_lock:  # (a graph has no __dict__ to setdefault in)
+    gradients = getattr(graph, _GRADIENTS, None)
+    if gradients is None:
+      gradients = {}
+      setattr(graph, _GRADIENTS, gradients)
+  gradients[both[0].op.name] = gradient
+  record.record_operation("replicator_collective", both, outputs + list(inputs),
+                          gradient)
+  return both[:len(outputs)]
