@@ -1,15 +1,14 @@
 """Replicated variables: one copy per local replica, kept identical.
 
 Inside a step, replica `r` reads and writes its own copy. An assignment made
-inside a step is aggregated first (mean for floats, replica 0's value for
-integers, or the variable's own `aggregation`), so the copies never drift.
-With SUM, `assign_add` sums the replicas' deltas; `assign` sums the assigned
-values, except on an ON_READ variable (a metric's accumulator), where it sums
-the changes. Where merges are collectives (GPUs, several workers), the merge
-of a float mean or of the first replica's value waits for the end of the
-step, where every variable so written is merged in one rendezvous, unless the
-step reads the copy in between (`deferred.DeferredMerges`). Outside a step,
-reads see copy 0 and writes go to every copy.
+inside a step is merged over the replicas first, as `merge_rules` says (a mean
+for floats, replica 0's value for integers, or the variable's own
+`aggregation`), so the copies never drift. Where merges are collectives (GPUs,
+several workers), the merge of a float mean or of the first replica's value
+waits for the end of the step, where every variable so written is merged in
+one rendezvous, unless the step reads the copy in between
+(`deferred.DeferredMerges`). Outside a step, reads see copy 0 and writes go to
+every copy.
 """
 
 from typing import List, Sequence
@@ -26,18 +25,40 @@ from replicator.collectives import reductions
 from replicator.collectives import replica_context
 from replicator.collectives import gathering
 from replicator.collectives import reduce_options
+from replicator.variables import merge_rules
 from replicator.variables import registry
 
 _Aggregation = tf.VariableAggregation
-_ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
 
 
-def reduce_op_of(aggregation, dtype):
-  if aggregation == _Aggregation.SUM:
-    return reduce_options.ReduceOp.SUM
-  if aggregation == _Aggregation.ONLY_FIRST_REPLICA or not dtype.is_floating:
-    return None  # broadcast from the first replica
-  return reduce_options.ReduceOp.MEAN
+class _Collectives:
+  """`merge_rules.Replicas` of the in-graph replica `replica`: each a
+  collective of its group named `what` (as errors name the write)."""
+
+  def __init__(self, replica, what: str):
+    self._replica = replica
+    self._what = what
+    self.num_replicas = replica.group.num_replicas
+
+  def _collective(self, flat, merge):
+    return self._replica.collective(self._what, flat, merge)
+
+  def all_reduce(self, flat, op, options):
+    group = self._replica.group
+    return self._collective(flat, lambda values: reductions.all_reduce(
+        values, op, group.devices, options, num_replicas=group.num_replicas,
+        workers=group.workers))
+
+  def all_gather(self, flat, axis):
+    group = self._replica.group
+    return self._collective(flat, lambda values: gathering.all_gather(
+        values, axis, group.devices, group.workers))
+
+  def broadcast(self, flat, source):
+    group = self._replica.group
+    return self._collective(flat, lambda values: reductions.broadcast(
+        values, source, group.devices, group.num_replicas, group.first_replica_id,
+        group.workers))
 
 
 class ReplicatedVariable(tf.Variable, core.Tensor):
@@ -54,12 +75,8 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     self._vars = [primary]
     self._devices = tuple(devices)
     self._aggregation = aggregation or _Aggregation.NONE
-    self._reduce_op = reduce_op_of(self._aggregation, primary.dtype)
-    # A metric's accumulator (Keras: SUM, ON_READ) is written as
-    # `assign(total + x)`: summing the assigned values would count the old
-    # total once per replica, so the replicas' changes are summed instead.
-    self._sums_changes = (self._reduce_op is reduce_options.ReduceOp.SUM and
-                          primary.synchronization == tf.VariableSynchronization.ON_READ)
+    self._rule = merge_rules.Rule.of(self._aggregation, primary.dtype,
+                                     primary.synchronization)
     # A step read this variable between a write and the step's end, where it
     # matters: its writes are merged where they are made (`_defers`).
     self._merge_at_write = False
@@ -128,6 +145,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
   constraint = property(lambda self: self._vars[0].constraint)
   synchronization = property(lambda self: self._vars[0].synchronization,
                              doc="The `tf.VariableSynchronization` it was made with.")
+  _reduce_op = property(lambda self: self._rule.reduce_op)
   aggregation = property(lambda self: self._aggregation,
                          doc="How a write inside a step merges over replicas "
                              "(`tf.VariableAggregation`; NONE: a float mean).")
@@ -186,7 +204,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     return (f"<replicator.ReplicatedVariable {self.name!r} shape={self.shape} "
             f"dtype={self.dtype.name} replicas={len(self._vars)}>")
 
-  # Writes.
+  # Writes: merged as `merge_rules` says, then written to this replica's copy.
   def _update(self, method: str, value, **kwargs):
     replica = replica_context.current()
     if replica is None:
@@ -195,17 +213,15 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     copy = self._copy_to_write(replica)
     if not replica_context.local_writes() and replica.group.num_replicas > 1:
       value = tf.convert_to_tensor(value, self.dtype)
-      if method == "assign" and self._sums_changes:
-        old = copy.read_value()
-        total = old + self._aggregate(replica, value - old)
-        return deferred.written_here(replica, copy, lambda: copy.assign(total, **kwargs))
-      defers = self._defers(replica)
-      value = self._aggregate(replica, value, defer=defers)
-      if isinstance(value, deferred.Deferred):  # written here, merged at the step's end
-        replica.group.deferred.add(
-            self, tf.compat.v1.get_default_graph().capture(copy.handle), deferred.merge_deferred)
-        value = value.value
+      if self._defers(replica):  # written here, merged at the step's end
+        value = self._deferred(replica, value)
+      else:
+        value = self._rule.dense(method, value, copy.read_value, self._collectives(
+            replica, f"an update of variable {self.name}"))
     return deferred.written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
+
+  def _collectives(self, replica, what: str) -> merge_rules.Replicas:
+    return _Collectives(replica, what)
 
   def _defers(self, replica) -> bool:
     """Whether this write's merge waits for the step's end (`deferred.DeferredMerges`).
@@ -225,45 +241,43 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
             and reductions.merged_by_collectives(group.devices, group.workers)
             and tf.compat.v1.get_default_graph() is group.step_graph)
 
-  def _aggregate(self, replica, value, defer: bool = False):
-    group = replica.group
-    op = self._reduce_op
-    if defer:
-      merge = lambda values: [[deferred.Deferred(v) for v in own] for own in values]
-    elif op is None:
-      merge = lambda values: reductions.broadcast(
-          values, 0, group.devices, group.num_replicas, group.first_replica_id,
-          group.workers)
-    else:
-      merge = lambda values: reductions.all_reduce(
-          values, op, group.devices, num_replicas=group.num_replicas,
-          workers=group.workers)
-    return replica.collective(f"an update of variable {self.name}", [value],
-                              merge)[0]
+  def _deferred(self, replica, value):
+    """`value`, unmerged: the replicas meet here (in order, as at any write),
+    and the merge of this variable is added to the step's end."""
+    value = replica.collective(
+        f"an update of variable {self.name}", [value],
+        lambda values: [[deferred.Deferred(v) for v in own] for own in values])[0]
+    replica.group.deferred.add(
+        self, tf.compat.v1.get_default_graph().capture(self._vars[replica.index].handle),
+        deferred.merge_deferred)
+    return value.value
 
-  def _write(self, write, value, aggregate, outside=lambda results: results[0]):
+  def _write(self, write, value, merge, outside=lambda results: results[0]):
     """`write(copy, value)`: on every copy outside a step (`outside` picks what
-    to return); inside, on this replica's copy, once `aggregate(replica, value)`
+    to return); inside, on this replica's copy, once `merge(replicas, value)`
     has made the value common to every replica."""
     replica = replica_context.current()
     if replica is None:
       return outside([write(v, value) for v in self._vars])
     copy = self._copy_to_write(replica)
     if not replica_context.local_writes() and replica.group.num_replicas > 1:
-      value = aggregate(replica, value)
+      value = merge(replica, value)
     return deferred.written_here(replica, copy, lambda: write(copy, value))
 
   def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
                             end_mask, ellipsis_mask, new_axis_mask,
                             shrink_axis_mask):
-    """`var[...].assign(value)`: the slice's value is aggregated like `assign`'s."""
+    """`var[...].assign(value)`: the slice's value is merged (`merge_rules`)."""
     def write(copy, value):
       return copy._strided_slice_assign(  # pylint: disable=protected-access
           begin=begin, end=end, strides=strides, value=value, name=name,
           begin_mask=begin_mask, end_mask=end_mask, ellipsis_mask=ellipsis_mask,
           new_axis_mask=new_axis_mask, shrink_axis_mask=shrink_axis_mask)
-    return self._write(write, value, lambda replica, value: self._aggregate(
-        replica, tf.convert_to_tensor(value, self.dtype)))
+
+    def merge(replica, value):
+      return self._rule.dense("slice", tf.convert_to_tensor(value, self.dtype), None,
+                              self._collectives(replica, f"an update of variable {self.name}"))
+    return self._write(write, value, merge)
 
   def assign(self, value, use_locking=None, name=None, read_value=True):
     return self._update("assign", value, read_value=read_value)
@@ -274,54 +288,31 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
   def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
     return self._update("assign_sub", delta, read_value=read_value)
 
-  # Sparse writes. Inside a step every replica applies the rows written by
-  # all replicas, in replica-id order, so the copies stay identical: a row
-  # written by several replicas ends with the last one's value (update), the
-  # sum of all deltas (add/sub; divided by the replica count for a MEAN
-  # variable, as a dense assign_add is averaged), or their max/min/product.
-  # Integer and ONLY_FIRST_REPLICA variables take replica 0's rows alone.
+  # Sparse writes: every replica applies the rows of all (`merge_rules`).
   def _scatter(self, method: str, sparse_delta):
     if not isinstance(sparse_delta, tf.IndexedSlices):
       raise TypeError(
           f"sparse_delta: {method} of {self.name!r} expects a tf.IndexedSlices, "
           f"got {type(sparse_delta).__name__}.")
 
-    def aggregate(replica, delta):
-      rows, values = self._gather_rows(replica, method, delta.indices, delta.values)
+    def merge(replica, delta):
+      rows, values = self._rows(replica, method, delta.indices, delta.values)
       return tf.IndexedSlices(values, rows, delta.dense_shape)
     return self._write(lambda copy, delta: getattr(copy, method)(delta),
-                       sparse_delta, aggregate)
+                       sparse_delta, merge)
 
   def _scatter_nd(self, method: str, indices, updates):
-    def aggregate(replica, indices_and_updates):
-      return self._gather_rows(replica, method, *indices_and_updates)
+    def merge(replica, indices_and_updates):
+      return self._rows(replica, method, *indices_and_updates)
     return self._write(lambda copy, args: getattr(copy, method)(*args),
-                       (indices, updates), aggregate, outside=tf.group)
+                       (indices, updates), merge, outside=tf.group)
 
-  def _gather_rows(self, replica, method, indices, values):
-    """Every replica's `(indices, values)`, concatenated in replica order.
+  def _rows(self, replica, method, indices, values):
+    return self._rule.rows(method, indices, values, self.dtype, self._collectives(
+        replica, f"a {method} of variable {self.name}"))
 
-    Values of additive writes to a MEAN variable are divided by the replica
-    count, as a dense `assign_add` is averaged.
-    """
-    group = replica.group
-    if self._reduce_op is None:
-      merge = lambda parts: reductions.broadcast(
-          parts, 0, group.devices, group.num_replicas, group.first_replica_id,
-          group.workers)
-    else:
-      merge = lambda parts: gathering.all_gather(parts, 0, group.devices,
-                                                 group.workers)
-    indices, values = replica.collective(
-        f"a {method} of variable {self.name}",
-        [tf.convert_to_tensor(indices), tf.convert_to_tensor(values, self.dtype)],
-        merge)
-    if self._reduce_op is reduce_options.ReduceOp.MEAN and method in _ADDITIVE:
-      values = values / tf.cast(group.num_replicas, values.dtype)
-    return indices, values
-
-  def _sparse_write(method, nd=False):  # pylint: disable=no-self-argument
-    if nd:
+  def _scatter_method(method):  # pylint: disable=no-self-argument
+    if method.startswith("scatter_nd"):
       def write(self, indices, updates, name=None):
         return self._scatter_nd(method, indices, updates)  # pylint: disable=protected-access
     else:
@@ -330,16 +321,16 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     write.__name__ = method
     return write
 
-  scatter_sub = _sparse_write("scatter_sub")
-  scatter_add = _sparse_write("scatter_add")
-  scatter_max = _sparse_write("scatter_max")
-  scatter_min = _sparse_write("scatter_min")
-  scatter_mul = _sparse_write("scatter_mul")
-  scatter_div = _sparse_write("scatter_div")
-  scatter_update = _sparse_write("scatter_update")
-  scatter_nd_sub = _sparse_write("scatter_nd_sub", nd=True)
-  scatter_nd_add = _sparse_write("scatter_nd_add", nd=True)
-  scatter_nd_update = _sparse_write("scatter_nd_update", nd=True)
+  scatter_sub = _scatter_method("scatter_sub")
+  scatter_add = _scatter_method("scatter_add")
+  scatter_max = _scatter_method("scatter_max")
+  scatter_min = _scatter_method("scatter_min")
+  scatter_mul = _scatter_method("scatter_mul")
+  scatter_div = _scatter_method("scatter_div")
+  scatter_update = _scatter_method("scatter_update")
+  scatter_nd_sub = _scatter_method("scatter_nd_sub")
+  scatter_nd_add = _scatter_method("scatter_nd_add")
+  scatter_nd_update = _scatter_method("scatter_nd_update")
 
   # Checkpoints hold one copy; restoring writes every copy.
   def _serialize_to_tensors(self):

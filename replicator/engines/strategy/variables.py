@@ -25,18 +25,14 @@ from tensorflow.python.eager import lift_to_graph
 from tensorflow.python.ops import tensor_getitem_override
 from tensorflow.python.trackable import base as trackable
 
-from replicator.collectives import reduce_options
 from replicator.collectives import replica_context
 from replicator.variables import creation
 from replicator.variables import registry
-from replicator.variables import replicated as in_graph_variables
+from replicator.variables import merge_rules
 
 _Aggregation = tf.VariableAggregation
 _local = threading.local()
 _ON_READ = tf.VariableSynchronization.ON_READ
-_SPARSE = ("scatter_add", "scatter_sub", "scatter_mul", "scatter_div",
-           "scatter_min", "scatter_max", "scatter_update",
-           "scatter_nd_update", "scatter_nd_add", "scatter_nd_sub")
 
 
 class _MergedWrites:
@@ -44,6 +40,8 @@ class _MergedWrites:
   that is not the optimizer's is merged over the replicas first."""
 
   aggregation = property(lambda self: self._replicator_aggregation)
+  # (Keras' variables delegate their writes to ours where it is set.)
+  _replicator_reduce_op = property(lambda self: self._replicator_rule.reduce_op)
   replicas = property(lambda self: tuple(self.values),
                       doc="The local copies, in replica order (as the in-graph engine's).")
 
@@ -116,56 +114,46 @@ class _MergedWrites:
     return super().assign(new)
 
   def _merged(self, method, value):
+    """`value`, merged over the replicas as `merge_rules` says (`method`: one of
+    `merge_rules.DENSE`), where a write in a step merges."""
+    replica = self._merging_replica()
+    if replica is None:
+      return value
+    return self._replicator_rule.dense(method, tf.convert_to_tensor(value, self.dtype),
+                                       self.read_value, replica)
+
+  def _merging_replica(self):
+    """The replica of the step traced here, if this write merges (else None)."""
     replica = replica_context.current()
     if replica is None or replica_context.local_writes() or replica.num_replicas == 1:
-      return value
-    value = tf.convert_to_tensor(value, self.dtype)
-    op = self._replicator_reduce_op
-    if op is None:  # integers, ONLY_FIRST_REPLICA: the first replica's
-      return replica.broadcast([value], 0)[0]
-    if method == "assign" and self._replicator_sums_changes:
-      old = self.read_value()
-      return old + replica.all_reduce([value - old], op, _OPTIONS)[0]
-    return replica.all_reduce([value], op, _OPTIONS)[0]
+      return None
+    return replica
 
 
-_OPTIONS = reduce_options.AllReduceOptions()
-
-
-def _sparse_write(method: str):
-  """`method` (a scatter), merged as the in-graph engine merges it: every
-  replica applies the rows of all replicas, in replica order (replica 0's
-  alone for integer and ONLY_FIRST_REPLICA variables); additive rows of a
-  MEAN variable are divided by the replica count. Written as a dense update
-  of the copy (replica-local variables take no scatter)."""
+def _scatter(method: str):
+  """`method` (a scatter): every replica applies the rows that
+  `merge_rules.Rule.rows` gives, as a dense update of its copy
+  (replica-local variables take no scatter)."""
   nd = method.startswith("scatter_nd")
 
   def write(self, *args, **kwargs):
     del kwargs  # use_locking, name
     if nd:
-      indices, rows, dense_shape = args[0], args[1], None
+      indices, rows = args[0], args[1]
     else:
       delta = args[0]
       if not isinstance(delta, tf.IndexedSlices):
         raise TypeError(
             f"sparse_delta: {method} of {self.name!r} expects a tf.IndexedSlices, "
             f"got {type(delta).__name__}.")
-      indices, rows, dense_shape = delta.indices, delta.values, delta.dense_shape
+      indices, rows = delta.indices, delta.values
     indices = tf.convert_to_tensor(indices)
     rows = tf.convert_to_tensor(rows, self.dtype)
-    replica = replica_context.current()
-    if (replica is not None and not replica_context.local_writes()
-        and replica.num_replicas > 1):
-      op = self._replicator_reduce_op
-      if op is None:
-        indices, rows = replica.broadcast([indices, rows], 0)
-      else:
-        indices, rows = replica.all_gather([indices, rows], 0)
-        if op is reduce_options.ReduceOp.MEAN and method in _ADDITIVE:
-          rows = rows / tf.cast(replica.num_replicas, rows.dtype)
+    replica = self._merging_replica()
+    if replica is not None:
+      indices, rows = self._replicator_rule.rows(method, indices, rows, self.dtype, replica)
     if not nd:
       indices = tf.expand_dims(indices, -1)
-    del dense_shape
     old = self.read_value()
     kind = method.split("_")[-1]
     if kind in ("mul", "div"):
@@ -179,9 +167,8 @@ def _sparse_write(method: str):
   return write
 
 
-_ADDITIVE = ("scatter_add", "scatter_sub", "scatter_nd_add", "scatter_nd_sub")
-for _method in _SPARSE:
-  setattr(_MergedWrites, _method, _sparse_write(_method))
+for _method in merge_rules.SCATTERS:
+  setattr(_MergedWrites, _method, _scatter(_method))
 
 _classes = {}
 
@@ -195,11 +182,8 @@ def _merging(variable, aggregation, synchronization):
   for index, copy in enumerate(variable.values):  # (patches.nested_functions)
     registry.register_copy(copy, index, variable)
   variable._replicator_aggregation = aggregation  # pylint: disable=protected-access
-  reduce_op = in_graph_variables.reduce_op_of(aggregation, variable.dtype)
-  variable._replicator_reduce_op = reduce_op  # pylint: disable=protected-access
-  # A metric's accumulator (ON_READ, SUM) is written as assign(total + x).
-  variable._replicator_sums_changes = (  # pylint: disable=protected-access
-      reduce_op is reduce_options.ReduceOp.SUM and synchronization == _ON_READ)
+  variable._replicator_rule = merge_rules.Rule.of(  # pylint: disable=protected-access
+      aggregation, variable.dtype, synchronization)
   return variable
 
 
