@@ -2,6 +2,10 @@
 
 A compiled step may touch only the copies of replicated variables and
 replica-local state (random generators); both are registered here when made.
+Nothing here outlives what it describes: the maps hold their variables weakly
+and check that an id still names the object registered under it, and what a
+copy is (its variable, its index) is kept on the copy itself. A dead copy's id,
+which Python gives to the objects made after it, so never answers for another.
 """
 
 import contextlib
@@ -12,10 +16,12 @@ import tensorflow as tf
 
 # Every per-replica copy made here; a step may only touch variables in it.
 _components = weakref.WeakValueDictionary()
-# id -> (id of its ReplicatedVariable, local replica index) of each copy.
-_copies = {}
 # id of each copy's handle -> the copy (what a step captured -> whose copy).
 _by_handle = weakref.WeakValueDictionary()
+# The attribute of a copy that says whose copy it is: (weak reference to its
+# variable, local replica index). In the copy's own `__dict__`, read from
+# there: a tf.distribute variable forwards unknown attributes to its first copy.
+_COPY_OF = "_replicator_copy_of"
 
 
 _local = threading.local()
@@ -38,22 +44,30 @@ def component_handles() -> set:
 def register_copy(variable: tf.Variable, index: int, owner) -> None:
   """Records `variable` as local replica `index`'s copy of `owner`."""
   _components[id(variable)] = variable
-  _copies[id(variable)] = (id(owner), index)
+  vars(variable)[_COPY_OF] = (weakref.ref(owner), index)
   _by_handle[id(variable.handle)] = variable
 
 
+def _copy_of(variable):
+  """`(weak reference to its variable, index)` of a registered copy, else None."""
+  return vars(variable).get(_COPY_OF) if is_component(variable) else None
+
+
 def copy_index(variable):
-  """The local replica a copy of a `ReplicatedVariable` belongs to (else None)."""
-  return _copies[id(variable)][1] if is_component(variable) and id(variable) in _copies else None
+  """The local replica a copy of a replicated variable belongs to (else None)."""
+  copy_of = _copy_of(variable)
+  return None if copy_of is None else copy_of[1]
 
 
 def copy_of_handle(handle):
-  """`(id of the ReplicatedVariable, local replica index)` of the copy whose
-  resource handle is `handle`; None for any other handle."""
+  """`(the replicated variable, local replica index)` of the copy whose
+  resource handle is `handle` (the variable None once it is gone); None for
+  any other handle."""
   variable = _by_handle.get(id(handle))
-  if variable is None or variable.handle is not handle or id(variable) not in _copies:
+  if variable is None or variable.handle is not handle:
     return None
-  return _copies[id(variable)]
+  copy_of = _copy_of(variable)
+  return None if copy_of is None else (copy_of[0](), copy_of[1])
 
 
 def name_of_handle(handle) -> str:
