@@ -14,7 +14,7 @@ import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.ops import summary_ops_v2
 
-from replicator.variables import creation
+from replicator.variables import lifting
 
 
 def draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
@@ -77,7 +77,7 @@ def hold_effects(ops, gate: tf.Tensor):
   """
   held = {}
   for op in ops:
-    if op.type in creation.READS or not op.op_def.is_stateful:
+    if op.type in lifting.READS or not op.op_def.is_stateful:
       continue
     device = op.device
     if device not in held:

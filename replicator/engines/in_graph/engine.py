@@ -12,7 +12,7 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 import tensorflow as tf
 
 from replicator import errors
-from replicator.variables import creation
+from replicator.engines.in_graph import creation
 from replicator.engines.in_graph import generators
 from replicator.engines.in_graph import interrupts
 from replicator.engines import step_checks

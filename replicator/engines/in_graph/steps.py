@@ -27,7 +27,8 @@ from replicator.engines import step_args
 from replicator.patches import registry as patches
 from replicator.engines import step_checks
 from replicator.inputs import fetch
-from replicator.variables import creation
+from replicator.variables import lifting
+from replicator.engines.in_graph import creation
 from replicator.engines.in_graph import effects
 from replicator.engines.in_graph import interrupts
 
@@ -193,13 +194,13 @@ class CompiledStep:
           with self._factory.scope():
             yield
         elif creating:
-          with creation.no_creation(functools.partial(
+          with lifting.no_creation(functools.partial(
               step_checks.created_on_another_replica, self._first_replica_id + r,
               self._first_replica_id)):
             yield
         else:
-          with creation.no_creation(
-              creation.created_where("after its first run")):
+          with lifting.no_creation(
+              lifting.created_where("after its first run")):
             yield
     return scope
 

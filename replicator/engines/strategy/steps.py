@@ -15,11 +15,13 @@ import contextlib
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
+from tensorflow.python.framework import auto_control_deps
 from tensorflow.python.framework import func_graph as func_graph_lib
+from tensorflow.python.ops import op_selector
 
 from replicator import errors
 from replicator.collectives import replica_context
-from replicator.variables import creation
+from replicator.variables import lifting
 from replicator.engines import step_args
 from replicator.engines import step_checks
 from replicator.patches import registry as patches
@@ -97,16 +99,22 @@ class StrategyStep:
     """
     replica = collectives.StrategyReplica(self._num_replicas, alone=True)
     graph = func_graph_lib.FuncGraph(f"{errors.name_of(self._step_fn)}_alone")
-    lifting = self._creator.lifting() if creating else contextlib.nullcontext()
-    no_creation = (contextlib.nullcontext() if creating else creation.no_creation(
-        creation.created_where("on a later trace (run with new args)")))
-    with lifting, self._strategy.scope(), graph.as_default(), \
-        tf.variable_creator_scope(self._creator), no_creation, \
-        self._first_replica(), replica_context.entered(replica), \
-        patches.while_tracing():
-      batch = (None if self._element_spec is None else tf.nest.map_structure(
-          lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), self._element_spec))
-      outputs = self._call_step(batch, args)
+    made_here = self._creator.lifting() if creating else contextlib.nullcontext()
+    no_creation = (contextlib.nullcontext() if creating else lifting.no_creation(
+        lifting.created_where("on a later trace (run with new args)")))
+    try:
+      with made_here, self._strategy.scope(), graph.as_default(), \
+          tf.variable_creator_scope(self._creator), no_creation, \
+          self._first_replica(), replica_context.entered(replica), \
+          patches.while_tracing():
+        # As in a tf.function's trace, TensorFlow orders its stateful ops when it
+        # ends (which the lifting of initial values reads, as the in-graph engine's).
+        with auto_control_deps.AutomaticControlDependencies():
+          batch = (None if self._element_spec is None else tf.nest.map_structure(
+              lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), self._element_spec))
+          outputs = self._call_step(batch, args)
+    except op_selector.UnliftableError as error:
+      raise step_checks.data_dependent_initializer(error, self._step_fn) from error
     flat = tf.nest.flatten(outputs)
     specs = [None if leaf is None else tf.TensorSpec(leaf.shape, leaf.dtype)
              for leaf in flat]
@@ -132,7 +140,7 @@ class StrategyStep:
     def step(*batch):
       with self._strategy.scope(), self._first_replica(), \
           replica_context.entered(replica), \
-          creation.no_creation(creation.created_where("in the XLA check")):
+          lifting.no_creation(lifting.created_where("in the XLA check")):
         outputs = self._call_step(batch[0] if batch else None, args)
       return [leaf for leaf in tf.nest.flatten(outputs) if leaf is not None]
 
@@ -167,7 +175,7 @@ class StrategyStep:
         batch = (tf.nest.map_structure(lambda t, spec: tf.ensure_shape(t, spec.shape),
                                        batch[0], self._element_spec),)
       with replica_context.entered(replica), \
-          creation.no_creation(creation.created_where(
+          lifting.no_creation(lifting.created_where(
               "in the step traced by tf.distribute")):
         outputs = self._call_step(batch[0] if batch else None, args)
       return [leaf for leaf in tf.nest.flatten(outputs) if leaf is not None]

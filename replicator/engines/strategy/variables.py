@@ -4,16 +4,16 @@ Every variable is made replica-local (`ON_READ`, read as the first replica's
 copy), as Sonnet's own `TpuReplicator` makes them, so that each replica
 applies the optimizer's update to its own copy once the gradients are
 averaged: no all-reduce per write. Any other write inside a step (a moving
-average, a counter) is merged over the replicas at the write, as on the
-in-graph engine (`variables.replicated`): a float mean (or the variable's own
-`aggregation`), the first replica's value for integers.
+average, a counter) is merged over the replicas at the write, by the rules
+both engines share (`variables.merge_rules`): a float mean (or the variable's
+own `aggregation`), the first replica's value for integers.
 
 Variables that the first trace of a step creates are made in a trace of
-`step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`):
-each is created outside that trace, under the strategy's scope, and gets the
-initial value the trace computed. TPUStrategy cannot create variables inside
-its step, which is where Sonnet's `TpuReplicator` fails on a lazily built
-model.
+`step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`),
+as `variables.lifting` makes them on both engines: each is created outside
+that trace, under the strategy's scope, and gets the initial value the trace
+computed. TPUStrategy cannot create variables inside its step, which is where
+Sonnet's `TpuReplicator` fails on a lazily built model.
 """
 
 import contextlib
@@ -21,12 +21,11 @@ import threading
 from typing import List, Optional
 
 import tensorflow as tf
-from tensorflow.python.eager import lift_to_graph
 from tensorflow.python.ops import tensor_getitem_override
 from tensorflow.python.trackable import base as trackable
 
 from replicator.collectives import replica_context
-from replicator.variables import creation
+from replicator.variables import lifting
 from replicator.variables import registry
 from replicator.variables import merge_rules
 
@@ -188,11 +187,17 @@ def _merging(variable, aggregation, synchronization):
 
 
 class VariableCreator:
-  """The variable creator of `repl.context()` and of a step's first trace."""
+  """The variable creator of `repl.context()` and of a step's first trace.
+
+  Also the `lifting.VariableMaker` of this engine: a variable that the first
+  trace creates is made under the strategy's scope, outside the trace, from
+  zeros (a replica-local variable cannot be made without a value), and each
+  copy is assigned its initial value after the trace.
+  """
 
   def __init__(self):
     self.created: List[tf.Variable] = []
-    self._lifting: Optional[list] = None  # (variable, initial value, its ops)
+    self._lifting: Optional[lifting.Lifting] = None  # while a trace may create
 
   def __call__(self, next_creator, **kwargs):
     if getattr(_local, "creating", False):  # scopes nested: make it once
@@ -211,80 +216,38 @@ class VariableCreator:
     if kwargs.get("trainable") is None:  # as tf.Variable decides it
       kwargs["trainable"] = synchronization != _ON_READ
     kwargs["aggregation"] = _Aggregation.ONLY_FIRST_REPLICA
+    variable = None
     if self._lifting is not None and tf.inside_function():
-      variable = self._create_outside_the_trace(next_creator, kwargs)
-    else:
+      variable = self._lifting.create(next_creator, kwargs)
+      if variable is None:  # a checkpoint's deferred value, read where it is made
+        with tf.init_scope():
+          variable = next_creator(**kwargs)
+    if variable is None:
       variable = next_creator(**kwargs)
     self.created.append(variable)
     return _merging(variable, aggregation, synchronization)
 
-  def _create_outside_the_trace(self, next_creator, kwargs):
-    initial_value = kwargs.get("initial_value")
+  def make(self, next_creator, kwargs, shape, value) -> tf.Variable:
     with tf.init_scope():
-      if callable(initial_value):  # Keras' initializers, a checkpoint's value
-        initial_value = initial_value()
-        if isinstance(initial_value, trackable.CheckpointInitialValue):
-          initial_value = initial_value.wrapped_value
-      if not tf.is_symbolic_tensor(initial_value):
-        kwargs["initial_value"] = initial_value
-        return next_creator(**kwargs)
-    shape = initial_value.shape  # (the variable's own may be less specific)
-    ops = creation.subgraph(initial_value)
-    if ops is None:
-      raise ValueError(
-          f"step_fn creates {creation.describe(kwargs)} whose initial value "
-          "depends on the step's input (data-dependent initialization); variables "
-          "made in the step are initialized before any batch arrives. Create it "
-          "before run, inside `with repl.context():`, or create it with a "
-          "placeholder value and assign the data's value in the step.")
-    if not shape.is_fully_defined():
-      raise ValueError(
-          f"step_fn creates {creation.describe(kwargs)} from a value of shape "
-          f"{shape}, not fully known when the step is traced; give its initial "
-          "value a static shape or create it inside `with repl.context():` "
-          "before run.")
-    with tf.init_scope():
-      kwargs["initial_value"] = tf.zeros(shape, initial_value.dtype)
-      kwargs["dtype"] = initial_value.dtype
-      variable = next_creator(**kwargs)
-    self._lifting.append((variable, initial_value, ops))
-    return variable
+      kwargs["initial_value"] = lifting.zeros_of(shape, value)
+      kwargs["shape"] = shape
+      kwargs["dtype"] = value.dtype
+      return next_creator(**kwargs)
+
+  def holds_value(self, variable) -> bool:
+    return getattr(variable, "_replicator_restored", False)
+
+  def assign(self, variable, value):
+    for copy in variable.values:  # each copy as itself (not through a packed handle)
+      copy.assign(value, read_value=False)
 
   @contextlib.contextmanager
   def lifting(self):
     """Inside, a trace of step_fn alone may create variables; they hold their
     initial values after (even when the trace raised)."""
-    self._lifting = []
+    self._lifting = lifting.Lifting(self)
     try:
       yield
     finally:
-      lifted, self._lifting = self._lifting, None
-      _assign_initial_values(lifted)
-
-
-def _assign_initial_values(lifted):
-  """Gives each variable the initial value computed in the trace, in creation
-  order; a value that reads a variable made before it is computed after that
-  one holds its own (`creation.lift_batches`)."""
-  # A checkpoint restored before the first run wrote those it names as they
-  # were made (tf.train.Checkpoint's deferred restore): they keep that value.
-  lifted = [entry for entry in lifted
-            if not getattr(entry[0], "_replicator_restored", False)]
-  for batch in creation.lift_batches(lifted):
-    with tf.init_scope():
-      computed = tf.function(_lifted([value for _, value, _ in batch]),
-                             autograph=False).get_concrete_function()()
-      for (variable, _, _), value in zip(batch, computed):
-        for copy in variable.values:  # each copy as itself (not through a packed handle)
-          copy.assign(value)
-
-
-def _lifted(values):
-  """A function computing `values` (tensors of a trace) in its own graph."""
-  def compute():
-    copies = lift_to_graph.lift_to_graph(
-        values, tf.compat.v1.get_default_graph(),
-        disallowed_placeholders=creation.Inputs(values[0].graph),
-        handle_captures=True)
-    return [copies[value] for value in values]
-  return compute
+      made, self._lifting = self._lifting, None
+      made.initialize()

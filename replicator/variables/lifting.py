@@ -1,16 +1,32 @@
-"""Where replicated variables come from: the factory of `repl.context()`.
+"""Variables that a step's first trace creates: made outside it, initialized after it.
 
-Under `VariableFactory.scope()` a variable is created once, on the first
-replica's device, and wrapped in a `ReplicatedVariable` whose copies are made
-as soon as its value exists (at once when eager, after the trace otherwise).
+Both engines trace step_fn once before its first run (the in-graph engine the
+replicated step itself, the strategy engine step_fn alone), and both make the
+variables that trace creates the one way this module says. `Lifting.create`
+makes each outside the trace at once, holding no value yet, with the
+`VariableMaker` its engine plugs in (the in-graph engine's makes the first
+copy of a `ReplicatedVariable`, the strategy engine's a variable under the
+strategy's scope). When the trace ends, `Lifting.initialize` computes every
+initial value in one function, run once and so without Grappler, from the
+initializer ops the trace recorded (copied out with `lift_to_graph`, in
+creation order, so that `tf.Variable(w)` of a variable made earlier in the
+step works), and has the maker assign them, unless something gave a variable
+its value meanwhile (a checkpoint's deferred restore).
 
-Variables that the first trace of a step creates (under `creating()`) are made
-outside the trace at once, uninitialized, and get their initial values from one
-function run after the trace, as `tf.function` initializes its own. Left to
-`tf.function`, each would be an `UnliftedInitializerVariable`, which builds a
-`tf.cond` per variable into the trace and makes `tf.function` trace the step a
-second time, which for a lazily built deep model is more than half of the
-first trace (see benchmarks/RESULTS.md, "Time to the first training step").
+The rules, the same on both engines:
+- A value of any static shape is lifted: one whose shape the trace cannot
+  know (`tf.unique`'s rows) makes a variable of that partly known shape,
+  whose value has its full shape once initialized.
+- The orderings TensorFlow adds at the end of a trace (reads after writes,
+  stateful ops in program order) are dropped from the initializers' ops, so
+  nothing of the step runs with them; orderings among the initializers stay.
+  A value computed from a variable the step changed earlier raises: it would
+  need the step to run first.
+- A value fed by the step's input (data-dependent initialization) raises
+  `op_selector.UnliftableError` where the variable is made: variables made in
+  the step are initialized before any batch arrives.
+- A checkpoint's deferred initial value is not lifted: `create` returns None
+  and the engine makes the variable its own way.
 
 `no_creation` refuses a variable made where a step may not make one (a later
 trace, another replica's), naming it as `describe` does.
@@ -18,8 +34,7 @@ trace, another replica's), naming it as `describe` does.
 
 import collections
 import contextlib
-import threading
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Protocol, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -27,140 +42,81 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.eager import context as eager_context
 from tensorflow.python.eager import lift_to_graph
 from tensorflow.python.ops import op_selector
-from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.trackable import base as trackable
 
-from replicator.variables import registry
-from replicator.variables import replicated as variables
 
-_local = threading.local()
+class VariableMaker(Protocol):
+  """What an engine plugs into `Lifting`: how its variables are made and written."""
+
+  def make(self, next_creator: Callable, kwargs: dict, shape: tf.TensorShape,
+           value: tf.Tensor) -> tf.Variable:
+    """The variable `kwargs` ask for, of `shape` and `value`'s dtype, made
+    outside the trace; its value is assigned later (`assign`)."""
+
+  def holds_value(self, variable: tf.Variable) -> bool:
+    """Whether something gave `variable` its value since it was made (a
+    checkpoint's deferred restore): it keeps that value."""
+
+  def assign(self, variable: tf.Variable, value: tf.Tensor) -> None:
+    """Writes `variable`'s initial value `value` (every copy of it)."""
 
 
-class VariableFactory:
-  """Creates `ReplicatedVariable`s for variables made under `scope()`."""
+class Lifting:
+  """The variables one trace creates, and the initial values it computed.
 
-  def __init__(self, devices: Sequence[str]):
-    self._devices = tuple(devices)
-    self._pending: List[variables.ReplicatedVariable] = []
-    self.created: List[variables.ReplicatedVariable] = []  # in creation order
-    # (variable, its initial value, the ops computing it), made in a trace.
+  Args:
+    maker: the engine's `VariableMaker`.
+  """
+
+  def __init__(self, maker: VariableMaker):
+    self._maker = maker
+    # (variable, its initial value, the ops computing it), in creation order.
     self._lifted: List[Tuple[tf.Variable, tf.Tensor, frozenset]] = []
-    self._lifting = False
-    self._to_fill: List[variables.ReplicatedVariable] = []  # copies to fill
 
-  def _create(self, next_creator: Callable, **kwargs) -> variables.ReplicatedVariable:
-    if registry.in_replica_local() or getattr(_local, "creating", False):
-      return next_creator(**kwargs)  # nested scopes: replicate only once
-    _local.creating = True
-    try:
-      primary = None
-      if self._lifting and tf.inside_function():
-        kwargs = dict(kwargs)
-        primary = self._create_outside_the_trace(kwargs)
-      if primary is None:
-        with tf.device(self._devices[0]):
-          primary = next_creator(**kwargs)
-    finally:
-      _local.creating = False
-    variable = variables.ReplicatedVariable(primary, self._devices,
-                                            kwargs.get("aggregation"))
-    self.created.append(variable)
-    if tf.executing_eagerly() or self._lifting:
-      # In a trace under `creating()` the copies are made now, uninitialized (the
-      # other replicas' traces use them), and filled when the trace ends.
-      variable._materialize()  # pylint: disable=protected-access
-      if not tf.executing_eagerly():
-        self._to_fill.append(variable)
-    else:
-      self._pending.append(variable)
-    return variable
-
-  @contextlib.contextmanager
-  def scope(self):
-    with tf.variable_creator_scope(self._create):
-      yield
-
-  def _create_outside_the_trace(self, kwargs) -> Optional[tf.Variable]:
-    """The variable, made outside the trace and not initialized; or None.
-
-    `_initialize_lifted` assigns its initial value (computed in the trace, as
-    `tf.function` computes it) unless something (a checkpoint's deferred
-    restore) did meanwhile. A value of unknown shape, a checkpoint's deferred
-    value, or one that depends on the trace's inputs (data-dependent
-    initialization) goes `tf.function`'s way, with the same results and errors.
-    """
+  def create(self, next_creator: Callable, kwargs: dict) -> Optional[tf.Variable]:
+    """The variable that `kwargs` (a variable creator's) ask for inside the
+    trace, made outside it; None for a checkpoint's deferred value, which the
+    caller makes its own way. Calls a callable initial value here, in the
+    trace, so that its ops are lifted as any other's (`kwargs` then holds the
+    value). Raises `op_selector.UnliftableError` for a value the trace's
+    inputs feed."""
     initial_value = kwargs.get("initial_value")
+    if isinstance(initial_value, trackable.CheckpointInitialValueCallable):
+      return None
     if callable(initial_value):
       initial_value = initial_value()
       kwargs["initial_value"] = initial_value
     if initial_value is None or isinstance(initial_value, trackable.CheckpointInitialValue):
       return None
-    initial_value = tf.convert_to_tensor(initial_value, dtype=kwargs.get("dtype"))
+    value = tf.convert_to_tensor(initial_value, dtype=kwargs.get("dtype"))
     shape = kwargs.get("shape")
-    shape = initial_value.shape if shape is None else tf.TensorShape(shape)
-    if not shape.is_fully_defined():
-      return None
-    ops = subgraph(initial_value) if tf.is_symbolic_tensor(initial_value) else ()
-    if ops is None:
-      return None
-    # As `tf.function`'s own variables (which ignore other creators alike).
-    with tf.device(self._devices[0]):
-      variable = resource_variable_ops.UninitializedVariable(
-          trainable=kwargs.get("trainable"), caching_device=kwargs.get("caching_device"),
-          name=kwargs.get("name"), shape=shape, dtype=initial_value.dtype,
-          constraint=kwargs.get("constraint"),
-          synchronization=kwargs.get("synchronization", tf.VariableSynchronization.AUTO),
-          aggregation=kwargs.get("aggregation", tf.VariableAggregation.NONE),
-          extra_handle_data=initial_value)
-    self._lifted.append((variable, initial_value, ops))
+    shape = value.shape if shape is None else tf.TensorShape(shape)
+    ops = subgraph(value) if tf.is_symbolic_tensor(value) else frozenset()
+    variable = self._maker.make(next_creator, kwargs, shape, value)
+    self._lifted.append((variable, value, ops))
     return variable
 
-  @contextlib.contextmanager
-  def creating(self):
-    """Inside, a trace may create variables (see above); they are ready after.
+  def initializer_names(self) -> set:
+    """The names of the trace's ops that only compute initial values (they
+    run once, not in the step)."""
+    return _used_only_to_initialize([ops for _, _, ops in self._lifted])
 
-    Yields a set that gets the names of the trace's ops that compute the initial
-    values (they run once, not in the step).
-
-    On leaving, even by an error, the variables made inside get their initial
-    values and their copies: a step that raised after building the model
-    leaves it whole.
-    """
-    self._lifting = True
-    initializers = set()
-    try:
-      with self.scope():
-        yield initializers
-    finally:
-      self._lifting = False
-      initializers.update(_used_only_to_initialize([ops for _, _, ops in self._lifted]))
-      try:
-        self._initialize_lifted()
-      finally:
-        self._fill_copies()
-        self._materialize_pending()
-
-  def _initialize_lifted(self):
-    """Assigns the initial values of the variables a trace made under `creating()`.
-
-    One function for all, as `tf.function` initializes its variables: their
-    initializers, copied out of the trace, then the assignments; a variable
-    already initialized (restored) keeps its value.
-    """
+  def initialize(self):
+    """Assigns the initial values of the variables made so far (see above)."""
     lifted, self._lifted = self._lifted, []
     with tf.init_scope():
-      lifted = [entry for entry in lifted
-                if not resource_variable_ops.var_is_initialized_op(entry[0].handle)]
+      lifted = [entry for entry in lifted if not self._maker.holds_value(entry[0])]
       for variable, value, _ in lifted:
         if not tf.is_symbolic_tensor(value):
-          variable.assign(value, read_value=False)
+          self._maker.assign(variable, value)
     lifted = [entry for entry in lifted if tf.is_symbolic_tensor(entry[1])]
     if not lifted:
       return
     earlier = frozenset()
-    for variable, _, subgraph in lifted:
-      earlier |= subgraph
-      _drop_orderings_added_later(variable, subgraph, earlier)
+    for variable, _, ops in lifted:
+      earlier |= ops
+      _drop_orderings_added_later(variable, ops, earlier)
+    maker = self._maker
 
     def initialize():
       copies = None
@@ -170,7 +126,7 @@ class VariableFactory:
             op_map=copies, disallowed_placeholders=Inputs(batch[0][1].graph),
             handle_captures=True)
         for variable, value, _ in batch:
-          variable.assign(copies[value], read_value=False)
+          maker.assign(variable, copies[value])
 
     with tf.init_scope(), _without_grappler():
       # Called as a concrete function: tf.function warns of "retracing" when
@@ -178,28 +134,14 @@ class VariableFactory:
       # that builds a model; a sweep builds many).
       tf.function(initialize, autograph=False).get_concrete_function()()
 
-  def _fill_copies(self):
-    """Gives the copies made in a trace their variable's initial value.
 
-    Copies that something initialized meanwhile (a checkpoint's deferred
-    restore writes every copy) keep theirs.
-    """
-    made, self._to_fill = self._to_fill, []
-    with tf.init_scope():
-      for variable in made:
-        primary = variable.replicas[0]
-        if not resource_variable_ops.var_is_initialized_op(primary.handle):
-          continue  # left uninitialized, as the trace's error left it
-        value = primary.read_value()
-        for copy in variable.replicas[1:]:
-          if not resource_variable_ops.var_is_initialized_op(copy.handle):
-            copy.assign(value, read_value=False)
-
-  def _materialize_pending(self):
-    """Copies the variables created while tracing, once they are initialized."""
-    pending, self._pending = self._pending, []
-    for variable in pending:
-      variable._materialize()  # pylint: disable=protected-access
+def zeros_of(shape: tf.TensorShape, value: tf.Tensor) -> tf.Tensor:
+  """Zeros of `shape` (`value`'s where `shape` has no rank), its unknown
+  dimensions 0: a value to make a variable of `shape` with before its own."""
+  if shape.rank is None:
+    shape = value.shape
+  dims = [] if shape.rank is None else [d or 0 for d in shape.as_list()]
+  return tf.zeros(dims, value.dtype)
 
 
 def lift_batches(lifted):
@@ -300,18 +242,16 @@ def _used_only_to_initialize(subgraphs) -> set:
           if all(consumer in ops for output in op.outputs for consumer in output.consumers())}
 
 
-def subgraph(value: tf.Tensor) -> Optional[frozenset]:
-  """The ops that compute `value` in its trace; None if an input feeds it.
+def subgraph(value: tf.Tensor) -> frozenset:
+  """The ops that compute `value` in its trace; raises
+  `op_selector.UnliftableError` if an input feeds it.
 
   Values captured from outside the trace (variables, tensors) may.
   """
   ops = set()
-  try:
-    op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=Inputs(value.graph),
-                             visited_ops=ops, op_outputs=collections.defaultdict(set),
-                             add_sources=False)
-  except op_selector.UnliftableError:
-    return None
+  op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=Inputs(value.graph),
+                           visited_ops=ops, op_outputs=collections.defaultdict(set),
+                           add_sources=False)
   return frozenset(ops)
 
 

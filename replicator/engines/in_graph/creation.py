@@ -1,0 +1,140 @@
+"""Where the in-graph engine's variables come from: the factory of `repl.context()`.
+
+Under `VariableFactory.scope()` a variable is created once, on the first
+replica's device, and wrapped in a `ReplicatedVariable` whose copies are made
+as soon as its value exists (at once when eager, after the trace otherwise).
+
+Variables that the first trace of a step creates (under `creating()`) are made
+as `variables.lifting` makes them on both engines: outside the trace at once,
+uninitialized (as `tf.function` makes its own), and initialized from one
+function run after the trace. Left to `tf.function`, each would be an
+`UnliftedInitializerVariable`, which builds a `tf.cond` per variable into the
+trace and makes `tf.function` trace the step a second time, which for a
+lazily built deep model is more than half of the first trace (see
+benchmarks/RESULTS.md, "Time to the first training step"). A checkpoint's
+deferred initial value, which the lifting leaves, goes `tf.function`'s way.
+"""
+
+import contextlib
+import threading
+from typing import Callable, List, Optional, Sequence
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from replicator.variables import lifting
+from replicator.variables import registry
+from replicator.variables import replicated as variables
+
+_local = threading.local()
+
+
+class VariableFactory:
+  """Creates `ReplicatedVariable`s for variables made under `scope()`."""
+
+  def __init__(self, devices: Sequence[str]):
+    self._devices = tuple(devices)
+    self._pending: List[variables.ReplicatedVariable] = []
+    self.created: List[variables.ReplicatedVariable] = []  # in creation order
+    self._lifting: Optional[lifting.Lifting] = None  # while a trace may create (`creating`)
+    self._to_fill: List[variables.ReplicatedVariable] = []  # copies to fill
+
+  def _create(self, next_creator: Callable, **kwargs) -> variables.ReplicatedVariable:
+    if registry.in_replica_local() or getattr(_local, "creating", False):
+      return next_creator(**kwargs)  # nested scopes: replicate only once
+    _local.creating = True
+    try:
+      primary = None
+      if self._lifting is not None and tf.inside_function():
+        kwargs = dict(kwargs)
+        primary = self._lifting.create(next_creator, kwargs)
+      if primary is None:
+        with tf.device(self._devices[0]):
+          primary = next_creator(**kwargs)
+    finally:
+      _local.creating = False
+    variable = variables.ReplicatedVariable(primary, self._devices,
+                                            kwargs.get("aggregation"))
+    self.created.append(variable)
+    if tf.executing_eagerly() or self._lifting is not None:
+      # In a trace under `creating()` the copies are made now, uninitialized (the
+      # other replicas' traces use them), and filled when the trace ends.
+      variable._materialize()  # pylint: disable=protected-access
+      if not tf.executing_eagerly():
+        self._to_fill.append(variable)
+    else:
+      self._pending.append(variable)
+    return variable
+
+  @contextlib.contextmanager
+  def scope(self):
+    with tf.variable_creator_scope(self._create):
+      yield
+
+  # The `lifting.VariableMaker` of this engine: a replicated variable's first copy.
+  def make(self, next_creator, kwargs, shape, value) -> tf.Variable:
+    """Made on the first replica's device, uninitialized, as `tf.function`'s
+    own variables (which ignore other creators alike)."""
+    del next_creator
+    with tf.device(self._devices[0]):
+      return resource_variable_ops.UninitializedVariable(
+          trainable=kwargs.get("trainable"), caching_device=kwargs.get("caching_device"),
+          name=kwargs.get("name"), shape=shape, dtype=value.dtype,
+          constraint=kwargs.get("constraint"),
+          synchronization=kwargs.get("synchronization", tf.VariableSynchronization.AUTO),
+          aggregation=kwargs.get("aggregation", tf.VariableAggregation.NONE),
+          extra_handle_data=value)
+
+  def holds_value(self, variable) -> bool:
+    return bool(resource_variable_ops.var_is_initialized_op(variable.handle))
+
+  def assign(self, variable, value):
+    variable.assign(value, read_value=False)  # the other copies: `_fill_copies`
+
+  @contextlib.contextmanager
+  def creating(self):
+    """Inside, a trace may create variables (see above); they are ready after.
+
+    Yields a set that gets the names of the trace's ops that compute the initial
+    values (they run once, not in the step).
+
+    On leaving, even by an error, the variables made inside get their initial
+    values and their copies: a step that raised after building the model
+    leaves it whole.
+    """
+    self._lifting = lifting.Lifting(self)
+    initializers = set()
+    try:
+      with self.scope():
+        yield initializers
+    finally:
+      made, self._lifting = self._lifting, None
+      initializers.update(made.initializer_names())
+      try:
+        made.initialize()
+      finally:
+        self._fill_copies()
+        self._materialize_pending()
+
+  def _fill_copies(self):
+    """Gives the copies made in a trace their variable's initial value.
+
+    Copies that something initialized meanwhile (a checkpoint's deferred
+    restore writes every copy) keep theirs.
+    """
+    made, self._to_fill = self._to_fill, []
+    with tf.init_scope():
+      for variable in made:
+        primary = variable.replicas[0]
+        if not resource_variable_ops.var_is_initialized_op(primary.handle):
+          continue  # left uninitialized, as the trace's error left it
+        value = primary.read_value()
+        for copy in variable.replicas[1:]:
+          if not resource_variable_ops.var_is_initialized_op(copy.handle):
+            copy.assign(value, read_value=False)
+
+  def _materialize_pending(self):
+    """Copies the variables created while tracing, once they are initialized."""
+    pending, self._pending = self._pending, []
+    for variable in pending:
+      variable._materialize()  # pylint: disable=protected-access
