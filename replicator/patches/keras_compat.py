@@ -1,9 +1,9 @@
 """Where Keras 3 (TensorFlow backend) needs help to be replica-correct.
 
-The fixes patch Keras' TensorFlow backend, only while a step is traced and
-only if Keras is already imported then (the library never imports it for
-you): `patches.registry` lists them. Each is guarded by a test that fails if
-the replicas go wrong.
+The fixes patch Keras' TensorFlow backend, only while a step is traced:
+`patches.registry` lists them (a Keras that lacks one of the names gets a
+warning, and steps run without that fix). Each is guarded by a test that
+fails if the replicas go wrong.
 
 1. Seeds. Keras random ops (`Dropout`, `keras.random.*`, augmentation layers)
    are stateless ops seeded by a `SeedGenerator` (a replicated variable, the

@@ -56,8 +56,13 @@ class Patch:
     known_for: the versions whose `name` is as the replacement expects.
     trace_only: whether it is installed only while a step is traced; if
       not, it is installed from import on, for the reason `why` gives.
-    needs_import: patched only where `module` is imported already (replicator
-      never imports Keras itself).
+    optional: Keras' names: where one is missing, a warning (once) and steps
+      traced without the patch, rather than an error at every trace: Keras
+      is released apart from TensorFlow, and a program without Keras layers
+      must not fail for a Keras rename. Keras is imported by then (TensorFlow's
+      `__init__` imports `keras.src.optimizers`, which loads these backend
+      modules, and `replicator.optimizers` imports keras to tell a Keras
+      optimizer), so `owner` imports the module rather than wait for it.
     undo: what to leave in place of a value that replaced ours since it was
       installed (by default, that value stays).
   """
@@ -71,7 +76,7 @@ class Patch:
   make: Callable[[Any], Any]
   known_for: str
   trace_only: bool = True
-  needs_import: bool = False
+  optional: bool = False
   undo: Optional[Callable[[Any], Any]] = None
 
   @property
@@ -91,28 +96,25 @@ class Patch:
   def owner(self) -> Optional[Tuple[Any, str]]:
     """(the module or class that holds the name, the name's last part).
 
-    None where `needs_import` and the module is not imported, or lacks the
-    name (a Keras that replicator does not know; the tests say so).
+    None where the record is `optional` and the name is missing (a Keras
+    that replicator does not know; the tests say so).
     """
-    if self.needs_import:
-      owner = sys.modules.get(self.module)
-      if owner is None:
-        return None
-    else:
-      try:
-        owner = importlib.import_module(self.module)
-      except ImportError as error:
+    try:
+      owner = importlib.import_module(self.module)
+    except ImportError as error:
+      if not self.optional:
         raise RuntimeError(self.missing()) from error
+      owner = None
     *path, attribute = self.name.split(".")
     for part in path:
       owner = getattr(owner, part, None)
     if owner is None or not hasattr(owner, attribute):
-      if self.needs_import:
-        if self.target not in _warned:  # once, not at every trace
-          _warned.add(self.target)
-          logging.warning("replicator: %s", self.missing())
-        return None
-      raise RuntimeError(self.missing())
+      if not self.optional:
+        raise RuntimeError(self.missing())
+      if self.target not in _warned:  # once, not at every trace
+        _warned.add(self.target)
+        logging.warning("replicator: %s", self.missing())
+      return None
     return owner, attribute
 
 
@@ -174,28 +176,28 @@ PATCHES = (
     Patch(module=f"{_KERAS_BACKEND}.random", name="draw_seed", kind="function",
           parameters=("seed",), reads=(), why=_KERAS_SEEDS,
           patched_in=_KERAS_COMPAT, make=keras_compat.fold_replica_into_seed,
-          known_for=_KERAS, needs_import=True),
+          known_for=_KERAS, optional=True),
     Patch(module=f"{_KERAS_BACKEND}.image", name="draw_seed", kind="function",
           parameters=("seed",), reads=(), why=_KERAS_SEEDS,
           patched_in=_KERAS_COMPAT, make=keras_compat.fold_replica_into_seed,
-          known_for=_KERAS, needs_import=True),
+          known_for=_KERAS, optional=True),
     Patch(module=f"{_KERAS_BACKEND}.core", name="Variable.assign_add",
           kind="method", parameters=("self", "value"), reads=("_value",),
           why=_KERAS_UPDATE, patched_in=_KERAS_COMPAT,
           make=keras_compat.delegate_to_replicated("assign_add"),
-          known_for=_KERAS, needs_import=True),
+          known_for=_KERAS, optional=True),
     Patch(module=f"{_KERAS_BACKEND}.core", name="Variable.assign_sub",
           kind="method", parameters=("self", "value"), reads=("_value",),
           why=_KERAS_UPDATE, patched_in=_KERAS_COMPAT,
           make=keras_compat.delegate_to_replicated("assign_sub"),
-          known_for=_KERAS, needs_import=True),
+          known_for=_KERAS, optional=True),
     Patch(module=f"{_KERAS_BACKEND}.nn", name="_compute_moments_sync",
           kind="function", parameters=("x", "axes", "keepdims"), reads=(),
           why="BatchNormalization(synchronized=True) sums its statistics over "
           "tf.distribute's replica context, a single replica inside a step: the "
           "flag did nothing. Inside a step the sums go through our all-reduce.",
           patched_in=_KERAS_COMPAT, make=keras_compat.sum_over_replicas,
-          known_for=_KERAS, needs_import=True),
+          known_for=_KERAS, optional=True),
     Patch(module=f"{_KERAS_BACKEND}.optimizer", name="TFOptimizer._all_reduce_sum_gradients",
           kind="method", parameters=("self", "grads_and_vars"), reads=(),
           why="Inside tf.distribute's replica context (the strategy engine's "
@@ -203,7 +205,7 @@ PATCHES = (
           "itself; the wrapped optimizer has averaged them already, so N "
           "replicas would apply N times the mean. Its update skips that sum.",
           patched_in=_KERAS_COMPAT, make=keras_compat.reduced_once,
-          known_for=_KERAS, needs_import=True),
+          known_for=_KERAS, optional=True),
     Patch(module="tensorflow._api.v2.__internal__.distribute.interim",
           name="maybe_merge_call", kind="function",
           parameters=("fn", "strategy", "*", "**"), reads=(),

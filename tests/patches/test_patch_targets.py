@@ -108,7 +108,7 @@ def test_a_name_missing_from_tensorflow_is_an_error_that_names_it():
       module="keras.src.backend.tensorflow.random", name="no_such_function",
       kind="function", parameters=(), reads=(), why="", known_for="Keras 3",
       patched_in="replicator.patches.keras_compat", make=lambda original: original,
-      needs_import=True)
+      optional=True)
   assert keras_only.owner() is None  # Keras' are skipped (with a warning)
 
 
