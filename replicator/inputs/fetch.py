@@ -7,45 +7,76 @@ variables in `repl.context()` since its last run. The status codes say which
 of these stopped a loop; `Replicator.run` turns them into its errors.
 """
 
-from typing import Callable, Optional, Sequence
+import enum
+from typing import Callable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from replicator.collectives import between_workers
 
-# Why a step did or did not run (`BatchFetcher.fetch`'s status); a step runs
-# where the status is READY or more.
-READY = 1  # every replica has a batch, all one size
-OUT_OF_DATA = 0  # some replica, on some worker, has none
-UNEVEN = -1  # every replica has one, not all one size
-STEPS_DIFFER = -2  # workers asked for different steps: none ran (one, if no input)
-# workers made different variables in repl.context() since their last run (as
-# STEPS_DIFFER: none ran, one if no input; nothing was sent)
-VARIABLES_DIFFER = -3
-DONE = -4  # the loop ran the steps it was asked for
-# Plus a signal's number: as READY, and a worker got that signal (SIGINT,
-# SIGTERM): this step runs, no later one, on every worker (`engines.in_graph.interrupts`).
-LAST = 100
-# Minus a signal's number: the loop stopped between two steps for that signal.
-INTERRUPTED = -100
+
+class StepStatus(enum.IntEnum):
+  """Why a call's steps stopped, or whether the next step may run.
+
+  In the graph a status is one int64 (`encode`'s), since it travels between
+  the workers in a collective and through the step loop's variables; in
+  Python, `decode` names it. The encoding: READY and the statuses below it
+  are their values. LAST plus a signal's number (> 0): as READY, and a
+  worker got that signal (SIGINT, SIGTERM): this step runs, no later one, on
+  every worker (`engines.in_graph.interrupts`). INTERRUPTED minus a signal's
+  number: the loop stopped between two steps for that signal. A step runs
+  where the status is READY or more.
+  """
+  READY = 1  # every replica has a batch, all one size
+  OUT_OF_DATA = 0  # some replica, on some worker, has none
+  UNEVEN = -1  # every replica has one, not all one size
+  STEPS_DIFFER = -2  # workers asked for different steps: none ran (one, if no input)
+  # workers made different variables in repl.context() since their last run (as
+  # STEPS_DIFFER: none ran, one if no input; nothing was sent)
+  VARIABLES_DIFFER = -3
+  DONE = -4  # the loop ran the steps it was asked for
+  LAST = 100  # plus a signal's number
+  INTERRUPTED = -100  # minus a signal's number
 
 
-def status_tensor(value: int) -> tf.Tensor:
-  return tf.constant(value, tf.int64)
+def encode(status: StepStatus, signum: int = 0) -> int:
+  """`status` as one int (`StepStatus`); `signum` (> 0) for LAST and INTERRUPTED only."""
+  if status is StepStatus.LAST or status is StepStatus.INTERRUPTED:
+    if signum <= 0:
+      raise ValueError(f"signum: {status.name} needs a signal's number (> 0), got {signum}.")
+    return int(status) + signum if status is StepStatus.LAST else int(status) - signum
+  if signum:
+    raise ValueError(f"signum: {status.name} takes no signal, got {signum}.")
+  return int(status)
+
+
+def decode(code: int) -> Tuple[StepStatus, int]:
+  """`(status, signal's number or 0)` of an encoded status (`encode`'s inverse)."""
+  code = int(code)
+  if code > StepStatus.LAST:
+    return StepStatus.LAST, code - StepStatus.LAST
+  if code < StepStatus.INTERRUPTED:
+    return StepStatus.INTERRUPTED, StepStatus.INTERRUPTED - code
+  return StepStatus(code), 0
+
+
+def status_tensor(status: StepStatus, signum: Optional[tf.Tensor] = None) -> tf.Tensor:
+  """`encode(status, signum)` as an int64 tensor, `signum` one too (LAST, INTERRUPTED)."""
+  if signum is None:
+    return tf.constant(encode(status), tf.int64)
+  if status is not StepStatus.LAST and status is not StepStatus.INTERRUPTED:
+    raise ValueError(f"signum: {status.name} takes no signal.")
+  base = tf.constant(int(status), tf.int64)
+  return base + signum if status is StepStatus.LAST else base - signum
 
 
 def is_ready(status: tf.Tensor) -> tf.Tensor:
-  return status if status.dtype == tf.bool else tf.greater_equal(status, READY)
+  return status if status.dtype == tf.bool else tf.greater_equal(status, StepStatus.READY)
 
 
 def interrupted(signum: tf.Tensor) -> tf.Tensor:
   """The status of a loop that `signum` (an int64, > 0) stopped."""
-  return status_tensor(INTERRUPTED) - signum
-
-
-def signal_of(status: int) -> int:
-  """The signal that stopped a loop of this status (0: none did)."""
-  return INTERRUPTED - status if status <= INTERRUPTED else 0
+  return status_tensor(StepStatus.INTERRUPTED, signum)
 
 
 def why_stopped(status: tf.Tensor, signum: Optional[Callable[[], tf.Tensor]] = None
@@ -58,9 +89,9 @@ def why_stopped(status: tf.Tensor, signum: Optional[Callable[[], tf.Tensor]] = N
   if status.dtype != tf.bool:
     return status
   if signum is None:
-    return status_tensor(OUT_OF_DATA)
+    return status_tensor(StepStatus.OUT_OF_DATA)
   flag = signum()
-  return tf.where(tf.equal(flag, 0), status_tensor(OUT_OF_DATA), interrupted(flag))
+  return tf.where(tf.equal(flag, 0), status_tensor(StepStatus.OUT_OF_DATA), interrupted(flag))
 
 
 def _batch_leaf(element_spec):
@@ -224,18 +255,18 @@ class BatchFetcher:
       if signum is not None:  # and the largest signal any worker got
         state.append(-signum)
       state = between_workers.across_workers(tf.stack(state), "Min", self._workers)
-      ready = status_tensor(READY)
+      ready = status_tensor(StepStatus.READY)
       if signum is not None:
-        ready = tf.where(tf.equal(state[-1], 0), ready, status_tensor(LAST) - state[-1])
+        ready = tf.where(tf.equal(state[-1], 0), ready, status_tensor(StepStatus.LAST, -state[-1]))
       status = tf.where(
           state[0] > 0,
-          tf.where(tf.equal(state[1], -state[2]), ready, status_tensor(UNEVEN)),
-          status_tensor(OUT_OF_DATA))
+          tf.where(tf.equal(state[1], -state[2]), ready, status_tensor(StepStatus.UNEVEN)),
+          status_tensor(StepStatus.OUT_OF_DATA))
       if steps is not None:
         status = tf.where(tf.equal(state[5], -state[6]), status,
-                          status_tensor(VARIABLES_DIFFER))
+                          status_tensor(StepStatus.VARIABLES_DIFFER))
         status = tf.where(tf.equal(state[3], -state[4]), status,
-                          status_tensor(STEPS_DIFFER))
+                          status_tensor(StepStatus.STEPS_DIFFER))
     return optionals, status
 
   def agree_on_steps(self, steps, pending, step, signum):
@@ -249,8 +280,8 @@ class BatchFetcher:
       same = tf.equal(fewest, most)
       stop = most[2] > 0
       status = tf.where(same[1], tf.where(stop, interrupted(most[2]),
-                                          status_tensor(READY)),
-                        status_tensor(VARIABLES_DIFFER))
+                                          status_tensor(StepStatus.READY)),
+                        status_tensor(StepStatus.VARIABLES_DIFFER))
       return (tf.where(tf.logical_and(same[0], same[1]),
                        tf.where(stop, step + 1, steps), tf.constant(0, tf.int64)),
-              tf.where(same[0], status, status_tensor(STEPS_DIFFER)))
+              tf.where(same[0], status, status_tensor(StepStatus.STEPS_DIFFER)))

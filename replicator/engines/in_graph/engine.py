@@ -92,13 +92,14 @@ class InGraphEngine:
                                                    iterator, steps, args, count)
     # Where the workers differ (without input, after the first step):
     ran = "no step ran" if completed == 0 else "only the first step ran, on every worker"
-    if int(status) == fetch.STEPS_DIFFER:
+    why, _ = fetch.decode(int(status))
+    if why is fetch.StepStatus.STEPS_DIFFER:
       raise ValueError(
           f"steps: this worker called run({errors.name_of(step_fn)}, "
           f"steps={steps}) and another worker asked for a different number of "
           f"steps, so {ran}. Every worker must call run with the same "
           "step_fn, input_fn and steps, in the same order.")
-    if int(status) == fetch.VARIABLES_DIFFER:
+    if why is fetch.StepStatus.VARIABLES_DIFFER:
       made = peers_lib.variable_kinds(compiled.variables_differ)
       raise ValueError(
           f"repl.context(): this worker made {len(made)} variable(s) since its "
@@ -107,7 +108,7 @@ class InGraphEngine:
           "be given to every worker and each keeps its own; of "
           f"run({errors.name_of(step_fn)}, steps={steps}), {ran}. Every worker "
           "must make the same variables in repl.context(), in the same order.")
-    uneven = completed < steps and int(status) == fetch.UNEVEN
+    uneven = completed < steps and why is fetch.StepStatus.UNEVEN
     if uneven:
       logging.warning(
           "replicator: run(%s, %s) stopped after %d step(s): the next step's "
@@ -137,7 +138,8 @@ class InGraphEngine:
                                        steps - completed, args, hold)
         ran = int(ran)
         count(ran)
-        signum = fetch.signal_of(int(status))
+        why, signal = fetch.decode(int(status))
+        signum = signal if why is fetch.StepStatus.INTERRUPTED else 0
       finally:
         if hold is not None:
           hold.release(also=signum)  # the signals' handlers run here

@@ -9,20 +9,20 @@ whichever thread the signal reaches) at a socket that a helper thread watches.
 On a signal that thread writes its number to the call's `StopFlag`, a host
 variable that the compiled loop reads before it fetches (or, without input,
 runs) each next step: the loop ends between two steps and returns the steps
-completed, with the status `fetch.INTERRUPTED` minus that number. The call stays on the thread that made it, with
-that thread's device scopes and summary writer. Once its steps are counted,
-`Hold.release` puts the handlers back and raises each held signal again
-(`signal.raise_signal`), so the process's own handler runs as it would have:
-`KeyboardInterrupt` for Ctrl-C by default, a preemption handler's flag or exit
-for SIGTERM.
+completed, with the status `fetch.StepStatus.INTERRUPTED` minus that number.
+The call stays on the thread that made it, with that thread's device scopes
+and summary writer. Once its steps are counted, `Hold.release` puts the
+handlers back and raises each held signal again (`signal.raise_signal`), so
+the process's own handler runs as it would have: `KeyboardInterrupt` for
+Ctrl-C by default, a preemption handler's flag or exit for SIGTERM.
 
 On several workers every worker must stop at the same step, or the others
 would wait at the next step's collectives: with input, each step's fetch
 already meets the other workers in a collective, which also takes the
 workers' flags (a worker interrupted there makes it the last step of every
-worker, `fetch.LAST`); without input the workers compare their flags every
-`AGREE_EVERY` steps, beside the step. Each worker then handles the signal as
-if it had got it (`Hold.release`), so that all leave `run` alike.
+worker, `fetch.StepStatus.LAST`); without input the workers compare their
+flags every `AGREE_EVERY` steps, beside the step. Each worker then handles
+the signal as if it had got it (`Hold.release`), so that all leave `run` alike.
 
 A signal whose disposition is not a Python function is not held: with its
 default action SIGTERM still ends the process at once, and an ignored one

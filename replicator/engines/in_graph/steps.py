@@ -151,15 +151,16 @@ class CompiledStep:
       except tf.errors.OutOfRangeError as error:
         if effects.RAN_OUT not in (error.message or ""):
           raise  # step_fn's own
-        completed, tensors, status = 0, self._initial_outputs(), fetch.OUT_OF_DATA
+        completed, tensors, status = 0, self._initial_outputs(), fetch.StepStatus.OUT_OF_DATA
     else:
       completed, tensors, status = interrupts.call(self._loop, hold, self._current, (
           iterator, tf.constant(steps, tf.int64), args,
           tf.constant(pending, tf.int64) if pending else self._no_pending))
       if self._new_variables is not None and self._new_variables.pending():
-        if int(status) == fetch.VARIABLES_DIFFER:
+        why, _ = fetch.decode(int(status))
+        if why is fetch.StepStatus.VARIABLES_DIFFER:
           self.variables_differ = self._new_variables.keep_each_workers()
-        elif int(status) != fetch.STEPS_DIFFER:
+        elif why is not fetch.StepStatus.STEPS_DIFFER:
           self._new_variables.send()
     return completed, self._with_nones(tensors), status
 
@@ -292,10 +293,9 @@ class CompiledStep:
     `__call__`) when the data ran out, and its ops with effects wait for the
     gate (`effects.hold_effects`): the step's variables need no `Switch` each,
     as they do inside a `tf.cond`, so Grappler has fewer nodes to optimize and
-    the first step comes sooner. An OutOfRange is
-    the error TensorFlow logs least (on several devices, INFO lines of
-    cancelled receives), and an empty iterator's `get_next` the cheapest op
-    that raises it.
+    the first step comes sooner. An OutOfRange is the error TensorFlow logs
+    least (on several devices, INFO lines of cancelled receives), and an
+    empty iterator's `get_next` the cheapest op that raises it.
     """
     n = len(self._devices)
     if iterator is None:
@@ -308,7 +308,7 @@ class CompiledStep:
       outputs = self._replicated_step(batches, args, gate)
     step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
     return (tf.constant(1, tf.int64), outputs,
-            fetch.why_stopped(fetch.status_tensor(fetch.READY)))
+            fetch.why_stopped(fetch.status_tensor(fetch.StepStatus.READY)))
 
   def _trace_loop(self, iterator, steps, args, pending):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
@@ -349,7 +349,7 @@ class CompiledStep:
         return i < agreed if self._workers is not None else tf.logical_and(
             i < agreed, tf.equal(self._stop.signal(), 0))
 
-      ready = fetch.status_tensor(fetch.READY)
+      ready = fetch.status_tensor(fetch.StepStatus.READY)
       first = steps if self._workers is None else tf.constant(1, tf.int64)
       completed, _, status, outputs = tf.while_loop(
           go_on, body, (zero, first, ready, self._initial_outputs()),
@@ -374,9 +374,9 @@ class CompiledStep:
         # number: this step runs, no later one), so that all stop at one step.
         due = i < steps
         signum = (self._stop.signal() if self._workers is None
-                  else tf.maximum(status - fetch.LAST, 0))
+                  else tf.maximum(status - fetch.StepStatus.LAST, 0))
         stopped = (lambda: tf.constant(False)) if as_bool else (lambda: tf.where(
-            due, fetch.interrupted(signum), fetch.status_tensor(fetch.DONE)))
+            due, fetch.interrupted(signum), fetch.status_tensor(fetch.StepStatus.DONE)))
         return tf.cond(tf.logical_and(due, tf.equal(signum, 0)), fetch_next,
                        lambda: (empty, stopped()))
 
