@@ -152,7 +152,7 @@ def _culprit(error: Exception, data_files: Sequence[str]) -> str:
 
 
 def _problem(error: Exception, key: str, path: str) -> str:
-  text = str(error)
+  text = str(error)  # TensorFlow's reader raises plain OpErrors (patches/error_texts.py)
   if isinstance(error, tf.errors.NotFoundError) or "No such file" in text:
     return f"it is missing ({_first_line(error)})"
   if isinstance(error, IndexError) or "Read less bytes" in text:

@@ -19,7 +19,8 @@ from replicator.multiworker import peers
 from replicator.variables import registry
 from replicator.variables import replicated as variables
 
-# "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal.
+# "No registered 'PrintV2' OpKernel for XLA_CPU_JIT devices": XLA's refusal, an
+# error of no type of its own (patches/error_texts.py, as the other words here).
 _XLA_MISSING_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA_\w+_JIT")
 _PRINT_OPS = frozenset({"PrintV2", "Print", "StringFormat"})
 
@@ -109,7 +110,8 @@ def check_outputs(outputs, step_fn):
   return tf.nest.map_structure(check, outputs)
 
 
-# the stacking op's name, by which `output_shape_error` knows its failure
+# the stacking op's name, by which `output_shape_error` knows its failure (in
+# the error's message)
 _STACKED_OUTPUTS = "outputs_of_every_replica"
 
 

@@ -73,8 +73,8 @@ def connect(mesh: Mesh) -> None:
   ctx.enable_collective_ops(server_def)
   try:
     ctx.ensure_initialized()  # starts the server
-  except tf.errors.UnknownError as error:
-    if "gRPC server" not in str(error):
+  except tf.errors.UnknownError as error:  # of other causes too: its words tell
+    if "gRPC server" not in str(error):  # (patches/error_texts.py)
       raise
     address = mesh.worker_addresses[mesh.worker_index]
     raise RuntimeError(

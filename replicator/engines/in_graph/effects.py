@@ -38,7 +38,8 @@ def draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
   return False
 
 
-# The gate's op (`Gate`): its OutOfRangeError means the data ran out.
+# The gate's op (`Gate`): an OutOfRangeError whose message names it means the
+# data ran out (the message is the one sign: patches/error_texts.py).
 RAN_OUT = "replicator_input_ran_out"
 GATE_SPEC = tf.TensorSpec([], tf.int64)
 
