@@ -46,17 +46,17 @@ class Replicator:
                engine: Optional[protocol.Engine] = None):
     all_reduce = reduce_options.check_options(all_reduce)
     self._mesh = mesh
-    self._workers = None
+    self._keys = None
     self._peers = None
     self._steps_completed = 0
     if mesh.num_workers > 1:
       # Collectives wait as long as it takes; the heartbeat decides liveness.
-      self._workers = cluster.CollectiveKeys(mesh.num_workers, mesh.worker_index,
+      self._keys = cluster.CollectiveKeys(mesh.num_workers, mesh.worker_index,
                                              timeout_s=0)
-      self._workers.crowded = cluster.host_is_crowded(mesh)
+      self._keys.crowded = cluster.host_is_crowded(mesh)
       self._placement = tuple(cluster.device_name(mesh.worker_index, d)
                               for d in mesh.local_devices)
-      self._peers = peers.Peers(mesh, self._workers, self._placement[0],
+      self._peers = peers.Peers(mesh, self._keys, self._placement[0],
                                 all_reduce.timeout_s)
     else:
       self._placement = tuple(f"/device:{d}" for d in mesh.local_devices)
@@ -67,7 +67,7 @@ class Replicator:
       engine = in_graph.InGraphEngine(
           self._placement, mesh.local_replica_ids, mesh.num_replicas,
           jit_compile=jit_compile, compiled_by=self._compiled_by,
-          workers=self._workers, peers=self._peers,
+          keys=self._keys, peers=self._peers,
           steps_completed=lambda: self._steps_completed)
     self._engine = engine
     self._inputs = streams.InputStreams(mesh, engine.iterator)

@@ -21,7 +21,7 @@ from tensorflow.python.ops import collective_ops
 from replicator.collectives import wire
 
 
-def across_workers(value: tf.Tensor, merge_op: str, workers,
+def across_workers(value: tf.Tensor, merge_op: str, keys,
                    instance_key: Optional[int] = None,
                    ordering_token: Optional[tf.Tensor] = None,
                    timeout_s: Optional[float] = None) -> tf.Tensor:
@@ -30,39 +30,39 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
   `tf.function` runs collectives one after another in the order they were
   built, except those given an `ordering_token` (a resource handle): each of
   those waits only for the previous one with the same token. `timeout_s`
-  replaces `workers.timeout_s` for this collective (0: no limit).
+  replaces `keys.timeout_s` for this collective (0: no limit).
   """
   again = dict(instance_key=instance_key, ordering_token=ordering_token,
                timeout_s=timeout_s)
-  if workers is None or workers.num_workers == 1:
+  if keys is None or keys.num_workers == 1:
     return value
   if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
     # (booleans as 0/1: Max is any worker's, Min every worker's, a nonzero sum true)
     wider = _REDUCED_WIDER[value.dtype]
-    return tf.cast(across_workers(tf.cast(value, wider), merge_op, workers, **again),
+    return tf.cast(across_workers(tf.cast(value, wider), merge_op, keys, **again),
                    value.dtype)
   if value.dtype.is_complex:  # no kernel: real and imaginary parts, as floats
     both = across_workers(tf.stack([tf.math.real(value), tf.math.imag(value)]),
-                          merge_op, workers, **again)
+                          merge_op, keys, **again)
     return tf.complex(both[0], both[1])
   if value.dtype == tf.uint64:  # as int64 bits: sums wrap alike; the order, sign bit flipped
     flip = (lambda v: v) if merge_op == "Add" else (
         lambda v: tf.bitwise.bitwise_xor(v, tf.constant(1 << 63, tf.uint64)))
-    signed = across_workers(tf.bitcast(flip(value), tf.int64), merge_op, workers, **again)
+    signed = across_workers(tf.bitcast(flip(value), tf.int64), merge_op, keys, **again)
     return flip(tf.bitcast(signed, tf.uint64))
 
   def reduce(wire, key):
     return collective_ops.all_reduce_v2(
-        wire, group_size=workers.num_workers, group_key=workers.group_key,
+        wire, group_size=keys.num_workers, group_key=keys.group_key,
         instance_key=key, merge_op=merge_op, final_op="Id",
         communication_hint="ring",
-        timeout=workers.timeout_s if timeout_s is None else timeout_s,
+        timeout=keys.timeout_s if timeout_s is None else timeout_s,
         ordering_token=ordering_token)
 
   if instance_key is not None or not _run_time_shape(value):
-    return reduce(value, instance_key or workers.next(_signature(merge_op, value)))
-  value = same_shape_everywhere(value, workers)
-  flat, size, key = _in_size_class(merge_op, value, workers)
+    return reduce(value, instance_key or keys.next(_signature(merge_op, value)))
+  value = same_shape_everywhere(value, keys)
+  flat, size, key = _in_size_class(merge_op, value, keys)
   total = tf.reshape(reduce(flat, key)[:size], tf.shape(value))
   total.set_shape(value.shape)
   return total
@@ -71,7 +71,7 @@ def across_workers(value: tf.Tensor, merge_op: str, workers,
 _REDUCED_WIDER = wire.REDUCED_WIDER
 
 
-def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
+def same_shape_everywhere(value: tf.Tensor, keys) -> tf.Tensor:
   """`value` once every worker's is found to have its shape; else an error on each.
 
   Only values whose shape is known at run time only are checked.
@@ -86,13 +86,13 @@ def same_shape_everywhere(value: tf.Tensor, workers) -> tf.Tensor:
   shape = tf.shape(value, out_type=tf.int64)
   if value.shape.rank is None:
     shape = _same_everywhere(shape, tf.reshape(tf.size(shape, out_type=tf.int64), [1]),
-                             workers, "ranks")
-  return _same_everywhere(value, shape, workers, "shapes")
+                             keys, "ranks")
+  return _same_everywhere(value, shape, keys, "shapes")
 
 
-def _same_everywhere(value: tf.Tensor, figures: tf.Tensor, workers, what: str):
+def _same_everywhere(value: tf.Tensor, figures: tf.Tensor, keys, what: str):
   """`value` once every worker's int64 vector `figures` is found equal to this one's."""
-  every = tf.reshape(gather_workers(figures, workers), [workers.num_workers, -1])
+  every = tf.reshape(gather_workers(figures, keys), [keys.num_workers, -1])
   check = tf.debugging.Assert(
       tf.reduce_all(tf.equal(every, every[:1])),
       ["a reduction across workers (all_sum, all_mean, all_max, all_min, "
@@ -103,7 +103,7 @@ def _same_everywhere(value: tf.Tensor, figures: tf.Tensor, workers, what: str):
     return tf.identity(value)
 
 
-def _in_size_class(kind: str, value: tf.Tensor, workers):
+def _in_size_class(kind: str, value: tf.Tensor, keys):
   """`value` flattened and padded to its size class; its size; the class's key.
 
   TensorFlow's collectives keep the shape they first had under an instance
@@ -113,14 +113,14 @@ def _in_size_class(kind: str, value: tf.Tensor, workers):
   # Its own kind for the program check: a collective of this shape static on
   # another worker has another key there (a static one), and the dims alone
   # would match (an unknown dim matches any).
-  workers.next(_signature(f"{kind} (run-time shape)", value))
+  keys.next(_signature(f"{kind} (run-time shape)", value))
   flat = tf.reshape(value, [-1])
   size = tf.size(flat, out_type=tf.int64)
   padded, size_class = _size_class(size)
   # Never empty: TensorFlow's gather of empty tensors crashes the process
   # (size 0 travels as 1 element, in a class of its own).
   flat = tf.pad(flat, [[0, tf.maximum(padded, 1) - size]])
-  return flat, size, workers.key_for_size_class(size_class)
+  return flat, size, keys.key_for_size_class(size_class)
 
 
 _MANTISSA_BITS = 6  # classes m * 2**e, m in [64, 128): at most 1/64 of padding
@@ -162,10 +162,10 @@ def _signature(kind: str, value: tf.Tensor):
   return kind, value.dtype.name, dims
 
 
-def min_and_max_across_workers(value: tf.Tensor, workers,
+def min_and_max_across_workers(value: tf.Tensor, keys,
                                instance_key: Optional[int] = None):
   """The smallest and largest of the workers' `value`s (scalar or vector; one collective)."""
-  both = across_workers(tf.stack([value, -value]), "Min", workers, instance_key)
+  both = across_workers(tf.stack([value, -value]), "Min", keys, instance_key)
   return both[0], -both[1]
 
 
@@ -173,44 +173,44 @@ _GATHERED_AS_INT32 = wire.GATHERED_AS_INT32
 _GATHERED_AS_BITS = wire.GATHERED_AS_BITS
 
 
-def gather_workers(value: tf.Tensor, workers) -> tf.Tensor:
+def gather_workers(value: tf.Tensor, keys) -> tf.Tensor:
   """Every worker's `value` concatenated along axis 0, in worker order.
 
   Every worker's `value` must have the same shape (`gathering` pads parts
   that differ).
   """
-  if workers is None or workers.num_workers == 1:
+  if keys is None or keys.num_workers == 1:
     return value
   if value.dtype in _GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
-    return tf.cast(gather_workers(tf.cast(value, tf.int32), workers), value.dtype)
+    return tf.cast(gather_workers(tf.cast(value, tf.int32), keys), value.dtype)
   if value.dtype.is_complex:  # nor for these: (real, imaginary) pairs of floats
-    pairs = gather_workers(tf.bitcast(value, value.dtype.real_dtype), workers)
+    pairs = gather_workers(tf.bitcast(value, value.dtype.real_dtype), keys)
     return tf.bitcast(pairs, value.dtype)
   if value.dtype in _GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
-    signed = gather_workers(tf.bitcast(value, _GATHERED_AS_BITS[value.dtype]), workers)
+    signed = gather_workers(tf.bitcast(value, _GATHERED_AS_BITS[value.dtype]), keys)
     return tf.bitcast(signed, value.dtype)
   if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
-    return _gather_bfloat16(value, workers)
+    return _gather_bfloat16(value, keys)
 
   def gather(wire, key):
     return collective_ops.all_gather_v2(
-        wire, group_size=workers.num_workers, group_key=workers.group_key,
-        instance_key=key, communication_hint="ring", timeout=workers.timeout_s)
+        wire, group_size=keys.num_workers, group_key=keys.group_key,
+        instance_key=key, communication_hint="ring", timeout=keys.timeout_s)
 
   if value.shape.num_elements() == 0:  # TensorFlow's gather of empty tensors crashes
-    done = gather(tf.zeros([1], value.dtype), workers.next(_signature("Gather", value)))
+    done = gather(tf.zeros([1], value.dtype), keys.next(_signature("Gather", value)))
     with tf.control_dependencies([done]):
-      gathered = tf.zeros([workers.num_workers * value.shape[0]] + value.shape[1:],
+      gathered = tf.zeros([keys.num_workers * value.shape[0]] + value.shape[1:],
                           value.dtype)
   elif not _run_time_shape(value):
-    gathered = gather(value, workers.next(_signature("Gather", value)))
+    gathered = gather(value, keys.next(_signature("Gather", value)))
   else:
-    flat, size, key = _in_size_class("Gather", value, workers)
-    rows = tf.reshape(gather(flat, key), [workers.num_workers, -1])[:, :size]
+    flat, size, key = _in_size_class("Gather", value, keys)
+    rows = tf.reshape(gather(flat, key), [keys.num_workers, -1])[:, :size]
     shape = tf.shape(value)
-    gathered = tf.reshape(rows, tf.concat([[workers.num_workers * shape[0]],
+    gathered = tf.reshape(rows, tf.concat([[keys.num_workers * shape[0]],
                                            shape[1:]], 0))
-  return _leading_times(gathered, value, workers.num_workers)
+  return _leading_times(gathered, value, keys.num_workers)
 
 
 def _leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
@@ -221,20 +221,20 @@ def _leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
   return gathered
 
 
-def _gather_bfloat16(value: tf.Tensor, workers) -> tf.Tensor:
+def _gather_bfloat16(value: tf.Tensor, keys) -> tf.Tensor:
   """`gather_workers` of bfloat16 values, as pairs bitcast to int32 words."""
   flat = tf.reshape(value, [-1])
   size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
   pairs = tf.reshape(tf.pad(flat, [[0, size % 2]]), [-1, 2])
-  words = gather_workers(tf.bitcast(pairs, tf.int32), workers)
-  halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [workers.num_workers, -1])
+  words = gather_workers(tf.bitcast(pairs, tf.int32), keys)
+  halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [keys.num_workers, -1])
   shape = tf.shape(value)
   gathered = tf.reshape(halves[:, :size],
-                        tf.concat([[workers.num_workers * shape[0]], shape[1:]], 0))
-  return _leading_times(gathered, value, workers.num_workers)
+                        tf.concat([[keys.num_workers * shape[0]], shape[1:]], 0))
+  return _leading_times(gathered, value, keys.num_workers)
 
 
-def checked_min_and_max(values, workers, device: str):
+def checked_min_and_max(values, keys, device: str):
   """The elementwise min and max of the workers' int `values`, as lists, now.
 
   One eager collective on a key of the checks' range (`next_check`), which
@@ -242,5 +242,5 @@ def checked_min_and_max(values, workers, device: str):
   """
   with tf.device(device):
     low, high = min_and_max_across_workers(
-        tf.constant(values, tf.int64), workers, instance_key=workers.next_check())
+        tf.constant(values, tf.int64), keys, instance_key=keys.next_check())
   return low.numpy().tolist(), high.numpy().tolist()

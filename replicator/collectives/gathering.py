@@ -27,19 +27,19 @@ def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
 
 
 def all_gather(values: List[List[tf.Tensor]], axis: int,
-               devices: Sequence[str], workers=None) -> List[List[tf.Tensor]]:
+               devices: Sequence[str], keys=None) -> List[List[tf.Tensor]]:
   """Concatenates matching tensors of all replicas along `axis`, in replica order.
 
   Across workers the parts may differ in size along `axis` only. Scalars are
   gathered into a vector.
   """
   results = [[None] * len(values[0]) for _ in values]
-  across = workers is not None and workers.num_workers > 1
+  across = keys is not None and keys.num_workers > 1
   with tf.device(devices[0]):
     local = [tf.concat([gather_part(reductions.dense(r[index]), axis)
                         for r in values], axis=axis)
              for index in range(len(values[0]))]
-    gathered = _across_workers(local, axis, workers) if across else local
+    gathered = _across_workers(local, axis, keys) if across else local
     for index, value in enumerate(gathered):
       for r, copy in enumerate(reductions.spread(value, devices)):
         results[r][index] = copy
@@ -60,14 +60,14 @@ def _to_front(value: tf.Tensor, axis: int):
   return tf.transpose(value, order), [order.index(d) for d in range(rank)]
 
 
-def _across_workers(local: List[tf.Tensor], axis: int, workers) -> List[tf.Tensor]:
+def _across_workers(local: List[tf.Tensor], axis: int, keys) -> List[tf.Tensor]:
   fronts, inverses = zip(*[_to_front(value, axis) for value in local])
-  gathered = _gather_uneven(list(fronts), workers)
+  gathered = _gather_uneven(list(fronts), keys)
   return [front if inverse is None else tf.transpose(front, inverse)
           for front, inverse in zip(gathered, inverses)]
 
 
-def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
+def _gather_uneven(fronts: List[tf.Tensor], keys) -> List[tf.Tensor]:
   """Every worker's `fronts` concatenated along axis 0; sizes there may differ.
 
   A part of a static shape is that shape on every worker (the program check
@@ -80,21 +80,21 @@ def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
   check makes every worker's part that size (the program check already made
   every worker's static dims agree, with unknown ones as wildcards).
   """
-  num_workers = workers.num_workers
+  num_workers = keys.num_workers
   uneven = [not front.shape.is_fully_defined() for front in fronts]
   if not any(uneven):
-    return [between_workers.gather_workers(front, workers) for front in fronts]
+    return [between_workers.gather_workers(front, keys) for front in fronts]
   # Per tensor: (static size or -1, then the run-time shape), in one vector.
   mine = tf.concat([
       tf.concat([tf.constant([-1 if front.shape[0] is None else front.shape[0]],
                              tf.int64),
                  tf.shape(front, out_type=tf.int64)], 0)
       for front, is_uneven in zip(fronts, uneven) if is_uneven], 0)
-  every = tf.reshape(between_workers.gather_workers(mine, workers), [num_workers, -1])
+  every = tf.reshape(between_workers.gather_workers(mine, keys), [num_workers, -1])
   out, start = [], 0
   for index, front in enumerate(fronts):
     if not uneven[index]:
-      out.append(between_workers.gather_workers(front, workers))
+      out.append(between_workers.gather_workers(front, keys))
       continue
     width = 1 + front.shape.rank
     shapes = every[:, start + 1:start + width]
@@ -123,7 +123,7 @@ def _gather_uneven(fronts: List[tf.Tensor], workers) -> List[tf.Tensor]:
     with tf.control_dependencies(checks):
       padding = [[0, most - tf.shape(front, out_type=tf.int64)[0]]]
       padded = tf.pad(front, padding + [[0, 0]] * (front.shape.rank - 1))
-    rows = between_workers.gather_workers(padded, workers)
+    rows = between_workers.gather_workers(padded, keys)
     kept = tf.reshape(tf.sequence_mask(sizes, most), [-1])
     result = tf.boolean_mask(rows, kept)
     leading = None if front.shape[0] is None else front.shape[0] * num_workers

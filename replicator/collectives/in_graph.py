@@ -66,7 +66,7 @@ class InGraphCollectives:
     def merge(values):
       reduce_options.check_same_shapes(values, method, group.first_replica_id)
       return reductions.all_reduce(values, op, group.devices, options,
-                                   num_replicas=group.num_replicas, workers=group.workers)
+                                   num_replicas=group.num_replicas, keys=group.keys)
 
     def grad(xs, ys, summed_dys):
       if op is ReduceOp.SUM:
@@ -87,7 +87,7 @@ class InGraphCollectives:
     group = self.group
 
     def merge(values):
-      return gathering.all_gather(values, axis, group.devices, workers=group.workers)
+      return gathering.all_gather(values, axis, group.devices, keys=group.keys)
 
     def grad(xs, ys, summed_dys):
       del ys
@@ -99,7 +99,7 @@ class InGraphCollectives:
       # at trace time, where they can be.
       starts = self.collective(
           f"the static part sizes of {method}", parts,
-          lambda values: _static_starts(values, axis, group.workers))
+          lambda values: _static_starts(values, axis, group.keys))
       if starts is not None:
         sizes = [part.shape[axis] for part in parts]
       else:
@@ -107,7 +107,7 @@ class InGraphCollectives:
         all_sizes = self.collective(
             f"the part sizes of {method}", sizes,
             lambda values: gathering.all_gather(values, 0, group.devices,
-                                                workers=group.workers))
+                                                keys=group.keys))
         starts = [tf.reduce_sum(every[:self.static_replica_id()]) for every in all_sizes]
       grads = []
       for x, summed_dy, size, start in zip(xs, summed_dys, sizes, starts):
@@ -125,7 +125,7 @@ class InGraphCollectives:
 
     def merge(values):
       return reductions.broadcast(values, source_replica, group.devices, group.num_replicas,
-                                  group.first_replica_id, group.workers)
+                                  group.first_replica_id, group.keys)
 
     def grad(xs, ys, summed_dys):
       del xs, ys
@@ -171,7 +171,7 @@ class InGraphCollectives:
     """The merge of a sum over every replica (of gradients, of tie counts)."""
     group = self.group
     return reductions.all_reduce(values, ReduceOp.SUM, group.devices,
-                                 num_replicas=group.num_replicas, workers=group.workers)
+                                 num_replicas=group.num_replicas, keys=group.keys)
 
   def _collective(self, label: str, what: Optional[str], flat: List[tf.Tensor], merge,
                   grad_fn, single: Callable[[], List[tf.Tensor]] = None):
@@ -198,7 +198,7 @@ class InGraphCollectives:
     return self.with_summed_gradient(name, forward, flat, grad_fn)
 
 
-def _static_starts(values, axis: int, workers):
+def _static_starts(values, axis: int, keys):
   """Per local replica, where each of its parts starts in the gathered tensor.
 
   `values[r]`: local replica r's parts. None for every replica unless every
@@ -208,7 +208,7 @@ def _static_starts(values, axis: int, workers):
   every worker's, so the workers before this one hold that many rows each.
   The same answer on every worker, as the sizes collective it saves must be.
   """
-  several = workers is not None and workers.num_workers > 1
+  several = keys is not None and keys.num_workers > 1
   local_totals = []
   for index in range(len(values[0])):
     parts = [replica[index] for replica in values]
@@ -224,7 +224,7 @@ def _static_starts(values, axis: int, workers):
       if not others.is_fully_defined():
         return [None] * len(values)
     local_totals.append(sum(sizes))
-  worker = workers.worker_index if several else 0
+  worker = keys.worker_index if several else 0
   return [[worker * total + sum(replica[index].shape[axis] for replica in values[:r])
            for index, total in enumerate(local_totals)]
           for r in range(len(values))]

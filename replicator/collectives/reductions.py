@@ -57,15 +57,15 @@ def _by_nccl(devices: Sequence[str], dtype: tf.DType = tf.float32) -> bool:
           and dtype in _NCCL_DTYPES and not _gpus_split())
 
 
-def merged_by_collectives(devices: Sequence[str], workers=None) -> bool:
+def merged_by_collectives(devices: Sequence[str], keys=None) -> bool:
   """Whether a sum over these replicas takes collective kernels (NCCL between
   GPUs, a ring between workers), each a launch or a round trip, rather than an
   `add_n` in the graph."""
-  return _by_nccl(devices) or (workers is not None and workers.num_workers > 1)
+  return _by_nccl(devices) or (keys is not None and keys.num_workers > 1)
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
-         devices: Sequence[str], workers=None, ordering_token=None,
+         devices: Sequence[str], keys=None, ordering_token=None,
          finish=None, finish_on_each_device: bool = False) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
@@ -80,16 +80,16 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   """
   finish = finish or (lambda total: total)
   if _by_nccl(devices, parts[0].dtype) and (
-      workers is None or workers.num_workers == 1) and not (
+      keys is None or keys.num_workers == 1) and not (
       options.sum_in_float32 and parts[0].dtype.is_floating):
     return _on_devices(finish, nccl_ops.all_sum(_on_devices(tf.identity, parts, devices)),
                        devices)
   with tf.device(devices[0]):
     if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
-      total = _sum_wide(parts, devices[0], workers)
+      total = _sum_wide(parts, devices[0], keys)
     else:
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
-      total = between_workers.across_workers(total, "Add", workers,
+      total = between_workers.across_workers(total, "Add", keys,
                                              ordering_token=ordering_token)
     if not finish_on_each_device:
       total = finish(total)
@@ -99,24 +99,24 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
 
 
 
-def _sum_wide(parts, device, workers) -> tf.Tensor:
+def _sum_wide(parts, device, keys) -> tf.Tensor:
   """The float32 sum of compressed `parts` and of the other workers' sums."""
   with tf.device(device):
     local_sum = lambda: tf.add_n([tf.cast(p, tf.float32) for p in parts])
-    if workers is None or workers.num_workers == 1:
+    if keys is None or keys.num_workers == 1:
       return local_sum()
     # Several local replicas: their float32 sum is rounded once to travel.
     mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
-    mine = between_workers.same_shape_everywhere(mine, workers)
-    gathered = between_workers.gather_workers(mine, workers)
+    mine = between_workers.same_shape_everywhere(mine, keys)
+    gathered = between_workers.gather_workers(mine, keys)
     total = tf.reshape(tf.reduce_sum(
-        tf.reshape(tf.cast(gathered, tf.float32), [workers.num_workers, -1]), 0),
+        tf.reshape(tf.cast(gathered, tf.float32), [keys.num_workers, -1]), 0),
                        tf.shape(mine))  # a single tensor is not packed flat
     total.set_shape(mine.shape)
     return total
 
 
-def _lanes(count: int, num_buckets: int, device: str, workers) -> list:
+def _lanes(count: int, num_buckets: int, device: str, keys) -> list:
   """The ordering token of each of `count` lanes, or None where there is one lane.
 
   A collective waits for the previous one of its lane only
@@ -128,7 +128,7 @@ def _lanes(count: int, num_buckets: int, device: str, workers) -> list:
   each worker. NCCL between workers would need one launch order on every
   worker: lanes would then have to go.
   """
-  if count == 1 or num_buckets == 1 or workers is None or workers.num_workers == 1:
+  if count == 1 or num_buckets == 1 or keys is None or keys.num_workers == 1:
     return [None]
   with tf.device(device):
     return [resource_variable_ops.var_handle_op(
@@ -164,10 +164,10 @@ def _divided(total: tf.Tensor, num_replicas: int, dtype: tf.DType) -> tf.Tensor:
 def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                devices: Sequence[str],
                options: AllReduceOptions = AllReduceOptions(),
-               num_replicas: int = None, workers=None) -> List[List[tf.Tensor]]:
+               num_replicas: int = None, keys=None) -> List[List[tf.Tensor]]:
   """Reduces matching tensors across replicas, packed by dtype into buckets.
 
-  `workers` (a `multiworker.cluster.CollectiveKeys`) extends the reduction to
+  `keys` (a `multiworker.cluster.CollectiveKeys`) extends the reduction to
   the other workers' replicas; `num_replicas` is then the job's total.
   """
   num_replicas = num_replicas or len(values)
@@ -181,8 +181,8 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
     packable = all(t.shape.is_fully_defined() for t in first)
     groups = (packing.buckets(first, options.pack_bytes) if packable
               else [[i] for i in range(len(first))])
-    lanes = _lanes(options.lanes(getattr(workers, "crowded", False)), len(groups),
-                   devices[0], workers)
+    lanes = _lanes(options.lanes(getattr(keys, "crowded", False)), len(groups),
+                   devices[0], keys)
     for number, group in enumerate(groups):
       dtype = first[group[0]].dtype
       narrow = options.compression.value if dtype.is_floating else None
@@ -209,7 +209,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
           return _divided(total, num_replicas, dtype)
         return total if total.dtype == dtype else tf.cast(total, dtype)
 
-      totals = _sum(flat, options, devices, workers, lanes[number % len(lanes)],
+      totals = _sum(flat, options, devices, keys, lanes[number % len(lanes)],
                     finish=finish,
                     finish_on_each_device=wire != dtype and any(
                         "GPU" in device.upper() for device in devices[1:]))
@@ -230,7 +230,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         total = values[0][index]
         for replica in values[1:]:
           total = pairwise(total, replica[index])
-        total = between_workers.across_workers(total, merge_op, workers)
+        total = between_workers.across_workers(total, merge_op, keys)
         for r, copy in enumerate(spread(total, devices)):
           results[r][index] = copy
   return results
@@ -238,7 +238,7 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
 
 def broadcast(values: List[List[tf.Tensor]], source_replica: int,
               devices: Sequence[str], num_replicas: int = None,
-              first_replica_id: int = 0, workers=None) -> List[List[tf.Tensor]]:
+              first_replica_id: int = 0, keys=None) -> List[List[tf.Tensor]]:
   """Gives every replica the values of replica `source_replica` (a global id)."""
   num_replicas = num_replicas or len(values)
   if not 0 <= source_replica < num_replicas:
@@ -247,7 +247,7 @@ def broadcast(values: List[List[tf.Tensor]], source_replica: int,
   local = source_replica - first_replica_id
   results = [[None] * len(values[0]) for _ in values]
   for index in range(len(values[0])):
-    if workers is None or workers.num_workers == 1:
+    if keys is None or keys.num_workers == 1:
       value = dense(values[local][index])
     else:  # the source's worker contributes its value, the others zeros
       with tf.device(devices[0]):
@@ -255,7 +255,7 @@ def broadcast(values: List[List[tf.Tensor]], source_replica: int,
         value = dense(values[local if mine else 0][index])
         if not mine:
           value = tf.zeros_like(value)
-        value = between_workers.across_workers(value, "Add", workers)
+        value = between_workers.across_workers(value, "Add", keys)
     for r, copy in enumerate(spread(value, devices)):
       results[r][index] = copy
   return results

@@ -198,18 +198,18 @@ class ReplicaGroup:
     devices: one device per local replica.
     first_replica_id: global id of the first local replica.
     num_replicas: replicas in the whole job.
-    workers: a `multiworker.cluster.CollectiveKeys` when replicas span
+    keys: a `multiworker.cluster.CollectiveKeys` when replicas span
       several workers.
     deferred: the variable merges that wait for the end of the step
       (`variables.deferred.DeferredMerges`); None where no variable is written.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
-               num_replicas: int, workers=None, deferred=None):
+               num_replicas: int, keys=None, deferred=None):
     self.devices = tuple(devices)
     self.first_replica_id = first_replica_id
     self.num_replicas = num_replicas
-    self.workers = workers
+    self.keys = keys
     self._resume = [threading.Event() for _ in self.devices]
     self._paused = threading.Semaphore(0)
     self._arrivals = [None] * len(self.devices)

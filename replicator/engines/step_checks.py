@@ -190,7 +190,7 @@ class ProgramsDiffer(ValueError):
     self.variables_differ = variables_differ
 
 
-def check_same_program(step_fn, workers, device: str, issued_before: int,
+def check_same_program(step_fn, keys, device: str, issued_before: int,
                        new_variables=()):
   """On several workers: raises unless every worker traced the same collectives.
 
@@ -204,22 +204,22 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
   So do the `new_variables` (made in the first run, or in `repl.context()`
   since the last run): their number and a digest of their dtypes and shapes.
   """
-  signatures = workers.signatures(issued_before)
+  signatures = keys.signatures(issued_before)
   digest = peers.digest(f"{kind} {dtype} {None if dims is None else len(dims)}"
                    for kind, dtype, dims in filter(None, signatures))
   made = peers.variable_kinds(new_variables)
-  min_and_max = lambda values: between_workers.checked_min_and_max(values, workers, device)
-  low, high = min_and_max([len(signatures), digest, workers.shape_slots,
+  min_and_max = lambda values: between_workers.checked_min_and_max(values, keys, device)
+  low, high = min_and_max([len(signatures), digest, keys.shape_slots,
                            len(made), peers.digest(made)])
   (fewest, low_digest, _, fewest_made, low_made) = low
   (most, high_digest, most_slots, most_made, high_made) = high
   # Where this raises, the counters move on to the furthest worker's.
-  workers.shape_slots = most_slots
+  keys.shape_slots = most_slots
   if fewest != most:
-    workers.issued = issued_before + most
+    keys.issued = issued_before + most
   if (fewest_made, low_made) != (most_made, high_made):
     raise ProgramsDiffer(
-        f"step_fn: {errors.name_of(step_fn)}: worker {workers.worker_index} made "
+        f"step_fn: {errors.name_of(step_fn)}: worker {keys.worker_index} made "
         f"{len(made)} variable(s) in its first run or in repl.context() since "
         f"the last run ({peers.listed(made)}), "
         f"and the workers from {fewest_made} to {most_made} or other ones, so the "
@@ -229,7 +229,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
     raise ProgramsDiffer(
         f"step_fn: {errors.name_of(step_fn)} traced "
         f"{len(signatures)} cross-worker collective(s) on worker "
-        f"{workers.worker_index} and from {fewest} to {most} on the "
+        f"{keys.worker_index} and from {fewest} to {most} on the "
         f"workers, so they would wait for each other forever. {_SAME_PROGRAM}")
   dims = [d for _, _, ds in filter(None, signatures) for d in ds or ()]
   if low_digest == high_digest and dims:  # the same number of dims everywhere
@@ -245,7 +245,7 @@ def check_same_program(step_fn, workers, device: str, issued_before: int,
             for kind, dtype, ds in filter(None, signatures)]
   raise ProgramsDiffer(
       f"step_fn: {errors.name_of(step_fn)} traced collectives of other "
-      f"dtypes or shapes on other workers (this worker, {workers.worker_index}: "
+      f"dtypes or shapes on other workers (this worker, {keys.worker_index}: "
       f"{'; '.join(listed[:8])}{'; ...' if len(listed) > 8 else ''}); run, they "
       f"would abort every collective of this process. {_SAME_PROGRAM}")
 

@@ -121,7 +121,7 @@ def _batch_size(value) -> tf.Tensor:
   return tf.concat([tf.shape(value, out_type=tf.int64), [-1]], 0)[0]
 
 
-def agreed_element_spec(element_spec, workers, device: str):
+def agreed_element_spec(element_spec, keys, device: str):
   """`element_spec` with each dim that is not one static size on every worker unknown.
 
   A batch dim static on one worker (`drop_remainder=True`) and unknown on
@@ -130,7 +130,7 @@ def agreed_element_spec(element_spec, workers, device: str):
   takes its key at run time, on every worker alike). Dense, ragged and sparse
   leaves alike. Two collectives, once per compiled step.
   """
-  if workers is None or element_spec is None:
+  if keys is None or element_spec is None:
     return element_spec
   leaves = tf.nest.flatten(element_spec, expand_composites=False)
   shaped = [isinstance(s, _SHAPED) and s.shape.rank is not None for s in leaves]
@@ -138,10 +138,10 @@ def agreed_element_spec(element_spec, workers, device: str):
           for leaf, has_shape in zip(leaves, shaped) if has_shape
           for d in leaf.shape.as_list()]
 
-  fewest, most = between_workers.checked_min_and_max([len(dims)], workers, device)
+  fewest, most = between_workers.checked_min_and_max([len(dims)], keys, device)
   if fewest != most or not dims:  # other structures: the program check says so
     return element_spec
-  low, high = between_workers.checked_min_and_max(dims, workers, device)
+  low, high = between_workers.checked_min_and_max(dims, keys, device)
   agreed = iter([l if l == h and l >= 0 else None for l, h in zip(low, high)])
   return tf.nest.pack_sequence_as(element_spec, [
       _with_shape(leaf, [next(agreed) for _ in leaf.shape]) if has_shape else leaf
@@ -191,11 +191,11 @@ def _unknown(value: tf.Tensor, shape) -> tf.Tensor:
 class BatchFetcher:
   """The local replicas' batches for one compiled step, and whether it may run."""
 
-  def __init__(self, devices: Sequence[str], num_replicas: int, workers,
+  def __init__(self, devices: Sequence[str], num_replicas: int, keys,
                uneven_batches: bool):
     self._devices = tuple(devices)
     self._num_replicas = num_replicas
-    self._workers = workers
+    self._keys = keys
     self._uneven_batches = uneven_batches
 
   def sizes_to_compare(self, element_spec):
@@ -208,7 +208,7 @@ class BatchFetcher:
     leaf, static_size = _batch_leaf(element_spec)
     if self._uneven_batches:
       static_size = 0
-    if self._num_replicas == 1 or (self._workers is None and static_size is not None):
+    if self._num_replicas == 1 or (self._keys is None and static_size is not None):
       return None
     return leaf, static_size
 
@@ -254,7 +254,7 @@ class BatchFetcher:
         state += [steps, -steps, pending, -pending]
       if signum is not None:  # and the largest signal any worker got
         state.append(-signum)
-      state = between_workers.across_workers(tf.stack(state), "Min", self._workers)
+      state = between_workers.across_workers(tf.stack(state), "Min", self._keys)
       ready = status_tensor(StepStatus.READY)
       if signum is not None:
         ready = tf.where(tf.equal(state[-1], 0), ready, status_tensor(StepStatus.LAST, -state[-1]))
@@ -276,7 +276,7 @@ class BatchFetcher:
     worker's stop flag) where one is not 0."""
     with tf.device(self._devices[0]):
       fewest, most = between_workers.min_and_max_across_workers(
-          tf.stack([steps, pending, signum]), self._workers)
+          tf.stack([steps, pending, signum]), self._keys)
       same = tf.equal(fewest, most)
       stop = most[2] > 0
       status = tf.where(same[1], tf.where(stop, interrupted(most[2]),

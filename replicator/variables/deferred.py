@@ -162,7 +162,7 @@ def merge_deferred(deferred: DeferredMerges):
         continue
       reduced = reductions.all_reduce(
           [[own[i] for i in indices] for own in per_replica], op, group.devices,
-          num_replicas=group.num_replicas, workers=group.workers)
+          num_replicas=group.num_replicas, keys=group.keys)
       for own, results in zip(merged, reduced):
         for i, result in zip(indices, results):
           own[i] = result

@@ -47,18 +47,18 @@ class _Collectives:
     group = self._replica.group
     return self._collective(flat, lambda values: reductions.all_reduce(
         values, op, group.devices, options, num_replicas=group.num_replicas,
-        workers=group.workers))
+        keys=group.keys))
 
   def all_gather(self, flat, axis):
     group = self._replica.group
     return self._collective(flat, lambda values: gathering.all_gather(
-        values, axis, group.devices, group.workers))
+        values, axis, group.devices, group.keys))
 
   def broadcast(self, flat, source):
     group = self._replica.group
     return self._collective(flat, lambda values: reductions.broadcast(
         values, source, group.devices, group.num_replicas, group.first_replica_id,
-        group.workers))
+        group.keys))
 
 
 class ReplicatedVariable(tf.Variable, core.Tensor):
@@ -238,7 +238,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     group = replica.group
     return (self._reduce_op in (reduce_options.ReduceOp.MEAN, None)
             and not self._merge_at_write and self.dtype != tf.bool
-            and reductions.merged_by_collectives(group.devices, group.workers)
+            and reductions.merged_by_collectives(group.devices, group.keys)
             and tf.compat.v1.get_default_graph() is group.step_graph)
 
   def _deferred(self, replica, value):

@@ -171,7 +171,7 @@ def test_gather_across_workers_sends_sizes_only_for_shapes_not_static(static):
 
   @tf.function(input_signature=[spec, spec])
   def fn(a, b):
-    return gathering.all_gather([[a, b]], 0, ["/device:CPU:0"], workers=workers)
+    return gathering.all_gather([[a, b]], 0, ["/device:CPU:0"], keys=workers)
 
   graph = fn.get_concrete_function().graph
   gathers = [op for op in graph.get_operations() if op.type == "CollectiveGatherV2"]
@@ -192,7 +192,7 @@ def test_buckets_cross_workers_last_layer_first():
                for i, n in enumerate(sizes)]]
     return reductions.all_reduce(
         values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
-        replicator.AllReduceOptions(pack_bytes=30 * 4), num_replicas=2, workers=workers)
+        replicator.AllReduceOptions(pack_bytes=30 * 4), num_replicas=2, keys=workers)
 
   graph = fn.get_concrete_function().graph
   reduce_ops = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
@@ -224,7 +224,7 @@ def _five_buckets_between_two_workers(in_flight, crowded=False):
     return reductions.all_reduce(
         values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
         replicator.AllReduceOptions(pack_bytes=40, buckets_in_flight=in_flight),
-        num_replicas=2, workers=workers)
+        num_replicas=2, keys=workers)
 
   return fn.get_concrete_function().graph
 
@@ -270,7 +270,7 @@ def test_a_mean_is_divided_once_after_the_sum_or_float16_before_it(
     return reductions.all_reduce(
         values, replicator.ReduceOp.MEAN, devices, replicator.AllReduceOptions(
             compression=replicator.Compression[compression]),
-        num_replicas=local * num_workers, workers=workers)
+        num_replicas=local * num_workers, keys=workers)
 
   graph = fn.get_concrete_function().graph
   reduce_ops = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
@@ -310,7 +310,7 @@ def test_a_compressed_sum_is_widened_once_on_cpus_and_on_each_gpu(
   """Traced only (no GPU runs here): where the casts back to float32 sit."""
   workers = cluster.CollectiveKeys(num_workers=2, worker_index=0, timeout_s=0)
   graph = _traced_mean_of_ones([f"/device:{kind}:{i}" for i in range(2)], compression,
-                               num_replicas=4, workers=workers)
+                               num_replicas=4, keys=workers)
   widened = sorted(op.device.split("device:")[-1] for op in graph.get_operations()
                    if op.type == "Cast" and op.get_attr("SrcT") == tf.bfloat16)
   assert widened == widened_where
@@ -347,7 +347,7 @@ def test_one_worker_or_one_bucket_has_no_lanes():
       return reductions.all_reduce(
           values, replicator.ReduceOp.SUM, ["/device:CPU:0"],
           replicator.AllReduceOptions(pack_bytes=pack_bytes, buckets_in_flight=4),
-          num_replicas=2 * num_workers, workers=workers)
+          num_replicas=2 * num_workers, keys=workers)
 
     graph = fn.get_concrete_function().graph
     assert not [op for op in graph.get_operations() if op.type == "VarHandleOp"]

@@ -32,21 +32,21 @@ class InGraphEngine:
     num_replicas: replicas on every worker together.
     jit_compile: compile each step (all replicas) as one XLA computation;
       `compiled_by` says so in the errors about ops XLA lacks.
-    workers: the `multiworker.cluster.CollectiveKeys` of several workers, else
+    keys: the `multiworker.cluster.CollectiveKeys` of several workers, else
       None; `peers` (their `multiworker.peers.Peers`) and `steps_completed`
       (the replicator's count, for their errors) come with it.
   """
 
   def __init__(self, placement: Sequence[str], replica_ids: Sequence[int],
                num_replicas: int, *, jit_compile: bool, compiled_by: str,
-               workers=None, peers: Optional[peers_lib.Peers] = None,
+               keys=None, peers: Optional[peers_lib.Peers] = None,
                steps_completed: Callable[[], int] = lambda: 0):
     self._placement = tuple(placement)
     self._replica_ids = tuple(replica_ids)
     self._num_replicas = num_replicas
     self._jit_compile = jit_compile
     self._compiled_by = compiled_by
-    self._workers = workers
+    self._keys = keys
     self._peers = peers
     self._steps_completed = steps_completed
     self.factory = creation.VariableFactory(self._placement)
@@ -83,7 +83,7 @@ class InGraphEngine:
       compiled = steps_lib.CompiledStep(
           step_fn, element_spec, devices=self._placement,
           first_replica_id=self._replica_ids[0], num_replicas=self._num_replicas,
-          factory=self.factory, jit_compile=self._jit_compile, workers=self._workers,
+          factory=self.factory, jit_compile=self._jit_compile, keys=self._keys,
           new_variables=self._new_variables, uneven_batches=uneven_batches)
       self._steps[(step_fn, input_fn)] = compiled
       streams.warn_if_new_each_call(step_fn, input_fn, self._steps)

@@ -57,20 +57,20 @@ class CompiledStep:
   def __init__(self, step_fn: Callable, element_spec, *, devices: Sequence[str],
                first_replica_id: int, num_replicas: int,
                factory: creation.VariableFactory, jit_compile: bool,
-               workers=None, new_variables=None, uneven_batches: bool = False):
+               keys=None, new_variables=None, uneven_batches: bool = False):
     self._step_fn = step_fn
     self._element_spec = element_spec
     # what the traces see: dims that differ between workers are unknown
-    self._traced_spec = fetch.agreed_element_spec(element_spec, workers, devices[0])
+    self._traced_spec = fetch.agreed_element_spec(element_spec, keys, devices[0])
     self._devices = tuple(devices)
     self._first_replica_id = first_replica_id
     self._num_replicas = num_replicas
     self._factory = factory
-    self._workers = workers
-    # A `multiworker.peers.NewVariables`, given with `workers`.
+    self._keys = keys
+    # A `multiworker.peers.NewVariables`, given with `keys`.
     self._new_variables = new_variables
     self._python_numbers = step_args.PythonNumbers(step_fn)
-    self._fetcher = fetch.BatchFetcher(self._devices, num_replicas, workers,
+    self._fetcher = fetch.BatchFetcher(self._devices, num_replicas, keys,
                                        uneven_batches)
     self._traced = {}  # signature of args -> _Traced
     self._creating = False  # while the real step is traced first (`_trace_first`)
@@ -103,12 +103,12 @@ class CompiledStep:
     signature = step_args.signature(args)
     new = signature not in self._traced
     if new:  # step_fn's outputs may depend on args
-      issued = self._workers.issued if self._workers is not None else 0
+      issued = self._keys.issued if self._keys is not None else 0
       self._traced[signature] = self._trace_first(iterator, args,
                                                   creating=not self._traced)
     self._current = self._traced[signature]
     pending = 0  # the digest of variables to send after the call (none)
-    if new and self._workers is not None:
+    if new and self._keys is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
                                        self._no_pending)
       # Only after the check (one worker has nothing to send), with those
@@ -119,7 +119,7 @@ class CompiledStep:
       # between workers are never sent: there would be a collective too many
       # or of another shape.
       try:
-        step_checks.check_same_program(self._step_fn, self._workers, self._devices[0],
+        step_checks.check_same_program(self._step_fn, self._keys, self._devices[0],
                                        issued, self._new_variables.pending())
       except step_checks.ProgramsDiffer as error:
         if error.variables_differ:
@@ -143,7 +143,7 @@ class CompiledStep:
     # have different keys, and a loop's are told apart by iteration, so
     # workers running different numbers of steps would wait for each other
     # forever), and every step whose batch sizes are compared at run time.
-    if (steps == 1 and not self._current.draws_random and self._workers is None
+    if (steps == 1 and not self._current.draws_random and self._keys is None
         and (iterator is None
              or self._fetcher.sizes_to_compare(iterator.element_spec) is None)):
       try:
@@ -179,7 +179,7 @@ class CompiledStep:
 
   def _group(self) -> replica_context.ReplicaGroup:
     return replica_context.ReplicaGroup(self._devices, self._first_replica_id,
-                                        self._num_replicas, workers=self._workers,
+                                        self._num_replicas, keys=self._keys,
                                         deferred=deferred.DeferredMerges())
 
   def _replica_scope(self, creating: bool):
@@ -338,7 +338,7 @@ class CompiledStep:
       # Nor is there a fetch to agree on a stop: see `interrupts.AGREE_EVERY`.
       def body(i, agreed, status, unused_outputs):
         outputs = self._replicated_step([None] * n, args, effects.open_gate())
-        if self._workers is not None:
+        if self._keys is not None:
           agreed, status = tf.cond(
               tf.equal(i % interrupts.AGREE_EVERY, 0),
               lambda: self._fetcher.agree_on_steps(steps, pending, i, self._stop.signal()),
@@ -346,17 +346,17 @@ class CompiledStep:
         return i + 1, agreed, status, outputs
 
       def go_on(i, agreed, unused_status, unused_outputs):  # alone, the flag too
-        return i < agreed if self._workers is not None else tf.logical_and(
+        return i < agreed if self._keys is not None else tf.logical_and(
             i < agreed, tf.equal(self._stop.signal(), 0))
 
       ready = fetch.status_tensor(fetch.StepStatus.READY)
-      first = steps if self._workers is None else tf.constant(1, tf.int64)
+      first = steps if self._keys is None else tf.constant(1, tf.int64)
       completed, _, status, outputs = tf.while_loop(
           go_on, body, (zero, first, ready, self._initial_outputs()),
           shape_invariants=(tf.TensorShape([]), tf.TensorShape([]), tf.TensorShape([]),
                             invariants),
           parallel_iterations=parallel_iterations)
-      if self._workers is None:  # READY: every step ran, or the flag stopped it
+      if self._keys is None:  # READY: every step ran, or the flag stopped it
         status = tf.where(completed < steps,
                           fetch.interrupted(self._stop.signal(after=[completed])), status)
     else:
@@ -364,7 +364,7 @@ class CompiledStep:
       as_bool = self._fetcher.sizes_to_compare(iterator.element_spec) is None
 
       def fetch_next(**compared):  # on several workers, with this worker's flag
-        if self._workers is not None:
+        if self._keys is not None:
           compared["signum"] = self._stop.signal()
         return self._fetcher.fetch(iterator, **compared)
 
@@ -373,7 +373,7 @@ class CompiledStep:
         # last fetch's collective said whether one got a signal (LAST plus its
         # number: this step runs, no later one), so that all stop at one step.
         due = i < steps
-        signum = (self._stop.signal() if self._workers is None
+        signum = (self._stop.signal() if self._keys is None
                   else tf.maximum(status - fetch.StepStatus.LAST, 0))
         stopped = (lambda: tf.constant(False)) if as_bool else (lambda: tf.where(
             due, fetch.interrupted(signum), fetch.status_tensor(fetch.StepStatus.DONE)))
@@ -386,7 +386,7 @@ class CompiledStep:
         optionals, status = fetch_if_due(i + 1, status)
         return i + 1, optionals, status, outputs
 
-      optionals, status = (fetch_next() if self._workers is None
+      optionals, status = (fetch_next() if self._keys is None
                            else fetch_next(steps=steps, pending=pending))
       completed, _, status, outputs = tf.while_loop(
           lambda i, optionals, status, outputs: fetch.is_ready(status), body,
