@@ -191,6 +191,16 @@ class ReplicaContext(in_graph.InGraphCollectives, Replica):
     return self.group.collective(self.index, name, flat_values, merge)
 
 
+class StepTrace(Protocol):
+  """What an engine keeps of one step's trace, as `ReplicaGroup` calls it."""
+
+  def replica_returned(self) -> None:
+    """On a replica's thread, once its step_fn returned (still in its trace)."""
+
+  def all_returned(self, outputs: List[Any]) -> None:
+    """Once every replica's step_fn returned, with their outputs."""
+
+
 class ReplicaGroup:
   """Traces a function for every local replica, meeting at collectives.
 
@@ -200,12 +210,15 @@ class ReplicaGroup:
     num_replicas: replicas in the whole job.
     keys: a `multiworker.cluster.CollectiveKeys` when replicas span
       several workers.
-    deferred: the variable merges that wait for the end of the step
-      (`variables.deferred.DeferredMerges`); None where no variable is written.
+    trace: the engine's state of this step's trace, which the group carries
+      for the replicas' threads and reads only through `StepTrace` (the
+      in-graph engine's `variables.deferred.StepWrites`); None where nothing
+      but collectives is traced.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
-               num_replicas: int, keys=None, deferred=None):
+               num_replicas: int, keys=None,
+               trace: Optional["StepTrace"] = None):
     self.devices = tuple(devices)
     self.first_replica_id = first_replica_id
     self.num_replicas = num_replicas
@@ -219,11 +232,7 @@ class ReplicaGroup:
     self.function_copies = {}
     self.step_graph = None  # the graph `run` traces the replicas into
     self.last_collective = None  # the name of the last collective the replicas met at
-    self.deferred = deferred  # an `variables.deferred.DeferredMerges`, or None
-    # The ops by which replicated variables wrote their copies in the step's
-    # graph (`variables.replicated`); `engines.step_checks.check_writes` refuses
-    # any other.
-    self.library_writes = set()
+    self.trace = trace
 
   @property
   def num_local(self) -> int:
@@ -266,8 +275,8 @@ class ReplicaGroup:
           raise arrival[1]
       if all(kind == "done" for kind in kinds):
         outputs = [arrival[1] for arrival in self._arrivals]
-        if self.deferred is not None:
-          self.deferred.check_unread(outputs)
+        if self.trace is not None:
+          self.trace.all_returned(outputs)
         return outputs
       names = [arrival[1] if arrival[0] == "collective" else "return from step_fn"
                for arrival in self._arrivals]
@@ -294,8 +303,8 @@ class ReplicaGroup:
         graph._variable_creator_stack = creators  # pylint: disable=protected-access
         with entered(ReplicaContext(self, r)), replica_scope(r):
           outputs = fn(*args)
-          if self.deferred is not None:
-            self.deferred.merge()
+          if self.trace is not None:
+            self.trace.replica_returned()
           self._arrivals[r] = ("done", outputs)
     except _Aborted:
       return

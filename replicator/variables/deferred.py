@@ -26,6 +26,29 @@ class MergeAtWrite(Exception):
     self.variables = variables
 
 
+class StepWrites:
+  """The in-graph engine's record of one step trace's variable writes: the
+  `trace` a `collectives.replica_context.ReplicaGroup` carries for the
+  replicas' threads (a `replica_context.StepTrace`).
+
+  Attributes:
+    deferred: the merges that wait for the end of the step (`DeferredMerges`).
+    library: the ops by which replicated variables wrote their copies in the
+      step's graph (`written_here`); `engines.step_checks.check_writes`
+      refuses any other write of a copy.
+  """
+
+  def __init__(self):
+    self.deferred = DeferredMerges()
+    self.library = set()
+
+  def replica_returned(self):
+    self.deferred.merge()
+
+  def all_returned(self, outputs):
+    self.deferred.check_unread(outputs)
+
+
 class DeferredMerges:
   """Variable writes of one step trace whose merge waits for the step's end.
 
@@ -124,7 +147,7 @@ class Deferred:
 
 def written_here(replica, copy, write):
   """`write()`, which writes `copy` as this module merges it: its ops in the
-  step's graph are recorded (`ReplicaGroup.library_writes`), so that
+  step's graph are recorded (`StepWrites.library`), so that
   `step_checks.check_writes` can refuse a write that bypassed the merge."""
   graph = tf.compat.v1.get_default_graph()
   if graph is not replica.group.step_graph:
@@ -132,7 +155,7 @@ def written_here(replica, copy, write):
   handle = graph.capture(copy.handle)
   before = set(handle.consumers())
   result = write()
-  replica.group.library_writes.update(
+  replica.group.trace.library.update(
       op for op in handle.consumers() if op not in before)
   return result
 

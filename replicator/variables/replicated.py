@@ -247,7 +247,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     value = replica.collective(
         f"an update of variable {self.name}", [value],
         lambda values: [[deferred.Deferred(v) for v in own] for own in values])[0]
-    replica.group.deferred.add(
+    replica.group.trace.deferred.add(
         self, tf.compat.v1.get_default_graph().capture(self._vars[replica.index].handle),
         deferred.merge_deferred)
     return value.value

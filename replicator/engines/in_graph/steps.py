@@ -180,7 +180,7 @@ class CompiledStep:
   def _group(self) -> replica_context.ReplicaGroup:
     return replica_context.ReplicaGroup(self._devices, self._first_replica_id,
                                         self._num_replicas, keys=self._keys,
-                                        deferred=deferred.DeferredMerges())
+                                        trace=deferred.StepWrites())
 
   def _replica_scope(self, creating: bool):
     summaries = effects.summary_state()
@@ -261,7 +261,7 @@ class CompiledStep:
     self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
     leaves = [tf.nest.flatten(o) for o in outputs]
     step_checks.check_writes(tf.compat.v1.get_default_graph(), len(self._devices),
-                             self._num_replicas, group.library_writes)
+                             self._num_replicas, group.trace.library)
     return tuple(step_checks.stack_over_replicas(xs, self._step_fn)
                  for xs in zip(*leaves) if xs[0] is not None)
 
