@@ -425,20 +425,32 @@ def copies_apart(variables):
 # The checks.
 
 
-def optimizer_check(setting, make_optimizer, seed):
-  """Trains on the TPU replicator and on the oracle; `(errors, updates ratio)`."""
+def _trained_with_oracle(setting, make_optimizer, seed, make_oracle):
+  """The same training on the TPU replicator and on `make_oracle()`'s, and the
+  model's initial values: `(model, optimizer, losses)`, the oracle's
+  `(model, optimizer, losses)`, the initial model and the oracle's replicator
+  (shut down)."""
   g = setting.global_batch
   arrays = classification_data(3 * g, seed)
   model = mlp(seed)
-  _, losses = train(setting.repl, model, make_optimizer,
-                    input_fn_for(f"optimizer_{seed}", arrays, g), calls=[1, 2])
-  one = oracle()
+  optimizer, losses = train(setting.repl, model, make_optimizer,
+                            input_fn_for(f"optimizer_{seed}", arrays, g), calls=[1, 2])
+  one = make_oracle()
   reference = mlp(seed)
-  _, o_losses = train(one, reference, make_optimizer,
-                      input_fn_for(f"oracle_{seed}", arrays, g), calls=[1, 2])
+  reference_optimizer, o_losses = train(one, reference, make_optimizer,
+                                        input_fn_for(f"oracle_{seed}", arrays, g),
+                                        calls=[1, 2])
   one.shutdown()
   initial = mlp(seed)
   initial(tf.zeros([1, FEATURES]))
+  return ((model, optimizer, losses), (reference, reference_optimizer, o_losses),
+          initial, one)
+
+
+def optimizer_check(setting, make_optimizer, seed):
+  """Trains on the TPU replicator and on the oracle; `(errors, updates ratio)`."""
+  (model, _, losses), (reference, _, o_losses), initial, _ = _trained_with_oracle(
+      setting, make_optimizer, seed, oracle)
   moved = np.sqrt(sum(np.sum((a.numpy() - b.numpy()) ** 2) for a, b in zip(
       model.variables, initial.variables)))
   o_moved = np.sqrt(sum(np.sum((a.numpy() - b.numpy()) ** 2) for a, b in zip(
@@ -451,18 +463,8 @@ def optimizer_check(setting, make_optimizer, seed):
 def optimizer_trace(setting, make_optimizer, seed):
   """--fake_tpu: the runs of `optimizer_check` traced, against the oracle's
   structure and the model's initial values."""
-  g = setting.global_batch
-  arrays = classification_data(3 * g, seed)
-  model = mlp(seed)
-  optimizer, _ = train(setting.repl, model, make_optimizer,
-                       input_fn_for(f"optimizer_{seed}", arrays, g), calls=[1, 2])
-  one = TracedRuns(oracle())
-  reference = mlp(seed)
-  reference_optimizer, _ = train(one, reference, make_optimizer,
-                                 input_fn_for(f"oracle_{seed}", arrays, g), calls=[1, 2])
-  one.shutdown()
-  initial = mlp(seed)
-  initial(tf.zeros([1, FEATURES]))
+  (model, optimizer, _), (reference, reference_optimizer, _), initial, one = (
+      _trained_with_oracle(setting, make_optimizer, seed, lambda: TracedRuns(oracle())))
   problems = same_outputs(setting.repl.runs, one.runs, setting.num_replicas)
   problems += same_variables("model", model.variables, reference.variables, values=False)
   problems += same_variables("model (initial values)", model.variables,
