@@ -118,26 +118,6 @@ def test_a_step_that_raised_after_building_the_model_leaves_it_whole():
   assert not np.array_equal(model.variables[0].numpy(), oracle.variables[0].numpy())
 
 
-def test_a_variable_initialized_from_a_value_the_step_changed_first():
-  repl = catalogue.make("multi_gpu_2")
-  with repl.context():
-    w = tf.Variable(1.0)
-  made = []
-
-  def step_fn():
-    w.assign_add(1.0)
-    if not made:
-      made.append(tf.Variable(w * 2.0, name="from_w"))
-    return made[0].read_value()
-
-  # Its initial value would need the step to run before the step's variables
-  # exist (initializing it would run the step's `assign_add` once more).
-  with pytest.raises(ValueError, match=r"creates the variable .*from_w.* depends on what "
-                                       r"the step did before"):
-    repl.run(step_fn)
-  assert w.numpy() == 1.0
-
-
 @pytest.mark.parametrize("step_draws", [False, True])
 def test_random_initializers_do_not_make_a_step_one_that_draws(monkeypatch, step_draws):
   """Steps that draw random numbers run in the loop even for one step (their
