@@ -88,11 +88,6 @@ class DeferredMerges:
     if self.variables:
       self._merge(self)
 
-  def read_after_write(self, op) -> bool:
-    """Whether `op` reads a copy after a deferred write to it (and before the end)."""
-    return (op.type == "ReadVariableOp" and id(op.inputs[0]) in self._handles
-            and op not in self._earlier[id(op.inputs[0])] and op not in self._own)
-
   def own(self, ops):
     """`ops` are the end's merge, which reads and writes the copies as it should."""
     self._own.update(ops)
