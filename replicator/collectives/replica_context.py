@@ -1,20 +1,13 @@
 """The replica interface: which replica's step is being traced, on either engine.
 
 `Replica` is what the collectives (`in_step`), the patches, `nn` and the
-optimizers ask of the replica whose part of a step is traced on this thread;
-`current()` returns it, whichever engine entered it (`entered`). The strategy
-engine's is `engines.strategy.collectives.StrategyReplica`, where
-`tf.distribute` traces the step; the in-graph engine's is `ReplicaContext`
-below.
-
-The in-graph engine traces a step once per local replica into one graph. Each
-replica is traced in its own thread so that a collective can pause it until
-every replica has reached the same collective; the collective is then built
-from all replicas' values at once (`ReplicaGroup`, `in_graph`). Threads run one
-at a time, in replica order, so graph construction is deterministic.
-
-`writing_locally` marks the updates that go straight to each replica's own copy
-(the optimizer's, whose inputs are already identical on every replica).
+optimizers ask of the replica traced on this thread; `current()` returns it,
+whichever engine entered it. The strategy engine's is
+`engines.strategy.collectives.StrategyReplica`; the in-graph engine's is
+`ReplicaContext`, whose `ReplicaGroup` traces each local replica in a thread
+of its own and pauses it at a collective until every replica has reached it.
+Threads run one at a time, in replica order, so graph construction is
+deterministic.
 """
 
 import contextlib
@@ -85,14 +78,10 @@ class Replica(Protocol):
                      what: Optional[str] = None) -> List[tf.Tensor]:
     """This replica's slice of each tensor's SUM or MEAN over the replicas.
 
-    Replica r gets rows r * k to (r + 1) * k - 1 (axis 0) of the reduction,
-    k the rows over `num_replicas` (`in_step` checks that they divide). Here
-    the reduction is this replica's `all_reduce` and the slice is taken by
-    replica id (at run time where one trace serves every replica): a
-    reduce-scatter's result, with an all-reduce's traffic, and the gradient
-    of both (each replica's input gets every replica's upstream slice, in
-    replica order, divided by the replicas for a MEAN). An engine with a
-    reduce-scatter of its own may override it.
+    Replica r gets rows r * k to (r + 1) * k - 1 (axis 0), k the rows over
+    `num_replicas` (`in_step` checks that they divide): this replica's
+    `all_reduce` sliced by replica id, with an all-reduce's traffic and
+    gradient. An engine with a reduce-scatter of its own may override it.
     """
     reduced = self.all_reduce(flat, op, reduce_options.AllReduceOptions(),
                               method=method, what=what)
@@ -171,10 +160,6 @@ class ReplicaContext(in_graph.InGraphCollectives, Replica):
   def function_copies(self) -> Dict[Any, Any]:
     return self.group.function_copies
 
-  @property
-  def device(self) -> str:
-    return self.group.devices[self.index]
-
   def replica_id(self) -> tf.Tensor:
     return tf.constant(self.static_replica_id(), tf.int32, name="replica_id")
 
@@ -234,15 +219,10 @@ class ReplicaGroup:
     self.last_collective = None  # the name of the last collective the replicas met at
     self.trace = trace
 
-  @property
-  def num_local(self) -> int:
-    return len(self.devices)
-
   def run(self, fn: Callable, args_per_replica: Sequence[Sequence[Any]],
           replica_scope: Callable[[int], Any]) -> List[Any]:
     """Returns `[fn(*args_per_replica[r]) for r in local replicas]`, traced."""
-    self.step_graph = tf.compat.v1.get_default_graph()
-    graph = self.step_graph
+    graph = self.step_graph = tf.compat.v1.get_default_graph()
     name_scope = graph.get_name_scope()
     # Variable creators are kept per thread (tf.function's own among them, which
     # makes variables it cannot make outside the trace); as MirroredStrategy's
@@ -253,27 +233,28 @@ class ReplicaGroup:
             target=self._trace_replica,
             args=(r, fn, args_per_replica[r], graph, name_scope, replica_scope, creators),
             name=f"replicator-replica-{r}", daemon=True)
-        for r in range(self.num_local)
+        for r in range(len(self.devices))
     ]
     for thread in threads:
       thread.start()
     try:
       return self._drive()
     finally:
-      self._abort()
+      self._aborted = True
+      for event in self._resume:
+        event.set()
       for thread in threads:
         thread.join()
 
   def _drive(self) -> List[Any]:
     while True:
-      for r in range(self.num_local):
+      for r in range(len(self.devices)):
         self._resume[r].set()
         self._paused.acquire()
-      kinds = [arrival[0] for arrival in self._arrivals]
       for arrival in self._arrivals:
         if arrival[0] == "error":
           raise arrival[1]
-      if all(kind == "done" for kind in kinds):
+      if all(arrival[0] == "done" for arrival in self._arrivals):
         outputs = [arrival[1] for arrival in self._arrivals]
         if self.trace is not None:
           self.trace.all_returned(outputs)
@@ -321,11 +302,6 @@ class ReplicaGroup:
     if self._aborted:
       raise _Aborted()
     return self._results[index]
-
-  def _abort(self):
-    self._aborted = True
-    for event in self._resume:
-      event.set()
 
 
 def _check_not_nested(name):
