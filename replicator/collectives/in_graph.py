@@ -1,11 +1,8 @@
-"""The collectives of the in-graph engine's replica, and their gradients.
+"""The collectives of the in-graph engine's replica (`ReplicaContext`), and their gradients.
 
-The in-graph engine traces every local replica into one graph, each in a
-thread of its own (`replica_context.ReplicaGroup`). A collective meets the
-other replicas at one rendezvous, where every replica's flat values are
-merged at once (`reductions`, `gathering`), and is differentiable: its
-gradient is a collective too. `replica_context.ReplicaContext`, the
-in-graph engine's `Replica`, has these as its methods (`InGraphCollectives`).
+A collective meets the other local replicas at one rendezvous, where every
+replica's flat values are merged at once (`reductions`, `gathering`); its
+gradient is a collective too.
 """
 
 import threading
@@ -49,14 +46,9 @@ except KeyError:  # already, by this module before a reload: it finds the same
 
 
 class InGraphCollectives:
-  """The `Replica` collectives of `ReplicaContext`, on flat lists of tensors.
-
-  Each meets the other local replicas at `self.collective(name, flat,
-  merge)`, which pauses this replica's trace until every replica has reached
-  it, then gives this replica its part of `merge(every replica's flat)`.
-  `method` names the call in errors (`all_sum`), and `what` what it
-  collects, where that is not the tensors' count.
-  """
+  """The `Replica` collectives of `ReplicaContext`: each meets the other local
+  replicas at `self.collective(name, flat, merge)` and gets this replica's
+  part of `merge(every replica's flat)`."""
 
   def all_reduce(self, flat: List[tf.Tensor], op: ReduceOp,
                  options: reduce_options.AllReduceOptions, *,
@@ -124,7 +116,7 @@ class InGraphCollectives:
     group = self.group
 
     def merge(values):
-      return reductions.broadcast(values, source_replica, group.devices, group.num_replicas,
+      return reductions.broadcast(values, source_replica, group.devices,
                                   group.first_replica_id, group.keys)
 
     def grad(xs, ys, summed_dys):
@@ -137,15 +129,9 @@ class InGraphCollectives:
 
   def with_summed_gradient(self, name: str, forward: Callable, inputs: List[tf.Tensor],
                            grad_fn: Callable) -> List[tf.Tensor]:
-    """`forward(*inputs)`'s outputs, differentiated by `grad_fn` alone.
-
-    For a computation across replicas (one that holds collectives): its
-    outputs' upstream gradients are summed over every replica first, in one
-    collective, and `grad_fn(xs, ys, summed_dys)` gets this replica's float
-    inputs, its float outputs and their sums, and returns the float inputs'
-    gradients (it may run collectives of its own, every replica in the same
-    order). What `forward` computes in between is never differentiated.
-    """
+    """As `Replica.with_summed_gradient`: the upstream gradients are summed in
+    one collective, and what `forward` computes is never differentiated
+    (`grad_fn` may run collectives, every replica in the same order)."""
     def forward_and_backward(*xs):
       outputs = forward(*xs)
 
@@ -175,16 +161,10 @@ class InGraphCollectives:
 
   def _collective(self, label: str, what: Optional[str], flat: List[tf.Tensor], merge,
                   grad_fn, single: Callable[[], List[tf.Tensor]] = None):
-    """`merge` run over every replica's `flat`; differentiable.
-
-    The gradient of a collective is a collective of the upstream gradients:
-    `grad_fn(xs, ys, summed_dys)` gets this replica's float inputs, their
-    outputs and the sums over replicas of their upstream gradients, and
-    returns the inputs' gradients. So, as on one device with the whole batch,
-    a replica's input receives the gradient of every replica's loss
-    (cross-replica batch norm, losses over gathered values). On one replica
-    the collective is `single()` (by default the identity), checked and
-    shaped as on N.
+    """`merge` run over every replica's `flat`, differentiated by `grad_fn`
+    (`with_summed_gradient`): as on one device with the whole batch, a
+    replica's input receives the gradient of every replica's loss. On one
+    replica the collective is `single()` (by default the identity).
     """
     if self.num_replicas == 1:
       return flat if single is None else single()
