@@ -7,6 +7,7 @@ replica into one graph, so a reduction is a handful of in-graph ops: no
 rendezvous, no transport of our own.
 """
 
+import functools
 from typing import List, Sequence
 
 import tensorflow as tf
@@ -22,11 +23,7 @@ from replicator.collectives.reduce_options import ReduceOp
 
 
 def spread(value: tf.Tensor, devices: Sequence[str]) -> List[tf.Tensor]:
-  out = []
-  for device in devices:
-    with tf.device(device):
-      out.append(tf.identity(value))
-  return out
+  return _on_devices(tf.identity, [value] * len(devices), devices)
 
 
 def dense(value):
@@ -65,28 +62,25 @@ def merged_by_collectives(devices: Sequence[str], keys=None) -> bool:
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
-         devices: Sequence[str], keys=None, ordering_token=None,
-         finish=None, finish_on_each_device: bool = False) -> List[tf.Tensor]:
+         devices: Sequence[str], keys, ordering_token,
+         finish, finish_on_each_device: bool) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
-  Returns `finish(sum)` (the sum where `finish` is None) on each local
-  replica's device; the sum is in the parts' dtype (float32 for compressed
-  parts with `options.sum_in_float32`). On several GPUs of one worker the sum
-  is NCCL's all-reduce, finished on each GPU (`_by_nccl`: not for bfloat16,
-  nor between logical GPUs of one GPU); elsewhere an `add_n`, then one
-  collective between workers, finished once on the first device and then
-  handed to the others (or, `finish_on_each_device`, handed on and then
-  finished on each).
+  Returns `finish(sum)` on each local replica's device; the sum is in the
+  parts' dtype (float32 for compressed parts with `options.sum_in_float32`).
+  On several GPUs of one worker the sum is NCCL's (`_by_nccl`), finished on
+  each GPU; elsewhere an `add_n`, then one collective between workers,
+  finished once on the first device and handed on (or,
+  `finish_on_each_device`, handed on and finished on each).
   """
-  finish = finish or (lambda total: total)
+  wide = options.sum_in_float32 and parts[0].dtype.is_floating  # compressed parts
   if _by_nccl(devices, parts[0].dtype) and (
-      keys is None or keys.num_workers == 1) and not (
-      options.sum_in_float32 and parts[0].dtype.is_floating):
+      keys is None or keys.num_workers == 1) and not wide:
     return _on_devices(finish, nccl_ops.all_sum(_on_devices(tf.identity, parts, devices)),
                        devices)
   with tf.device(devices[0]):
-    if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
-      total = _sum_wide(parts, devices[0], keys)
+    if wide:
+      total = _sum_wide(parts, keys)
     else:
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
       total = between_workers.across_workers(total, "Add", keys,
@@ -98,22 +92,20 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
   return spread(total, devices)
 
 
-
-def _sum_wide(parts, device, keys) -> tf.Tensor:
+def _sum_wide(parts, keys) -> tf.Tensor:
   """The float32 sum of compressed `parts` and of the other workers' sums."""
-  with tf.device(device):
-    local_sum = lambda: tf.add_n([tf.cast(p, tf.float32) for p in parts])
-    if keys is None or keys.num_workers == 1:
-      return local_sum()
-    # Several local replicas: their float32 sum is rounded once to travel.
-    mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
-    mine = between_workers.same_shape_everywhere(mine, keys)
-    gathered = between_workers.gather_workers(mine, keys)
-    total = tf.reshape(tf.reduce_sum(
-        tf.reshape(tf.cast(gathered, tf.float32), [keys.num_workers, -1]), 0),
-                       tf.shape(mine))  # a single tensor is not packed flat
-    total.set_shape(mine.shape)
-    return total
+  local_sum = lambda: tf.add_n([tf.cast(p, tf.float32) for p in parts])
+  if keys is None or keys.num_workers == 1:
+    return local_sum()
+  # Several local replicas: their float32 sum is rounded once to travel.
+  mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
+  mine = between_workers.same_shape_everywhere(mine, keys)
+  gathered = between_workers.gather_workers(mine, keys)
+  total = tf.reshape(tf.reduce_sum(
+      tf.reshape(tf.cast(gathered, tf.float32), [keys.num_workers, -1]), 0),
+                     tf.shape(mine))  # a single tensor is not packed flat
+  total.set_shape(mine.shape)
+  return total
 
 
 def _lanes(count: int, num_buckets: int, device: str, keys) -> list:
@@ -185,15 +177,13 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
                    devices[0], keys)
     for number, group in enumerate(groups):
       dtype = first[group[0]].dtype
-      narrow = options.compression.value if dtype.is_floating else None
-      narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
-      wire = narrow or dtype
+      wire = (options.compression.value if dtype.is_floating else None) or dtype
       layout = packing.Layout.of([first[i].shape for i in group], wire)
       divide_first = _divides_first(op, wire, options)
       flat = []
       for replica, device in zip(values, devices):
         with tf.device(device):  # narrowed where it lives, so it travels narrow
-          packed = packing.pack([narrowed(replica[i]) for i in group], layout)
+          packed = packing.pack([tf.cast(replica[i], wire) for i in group], layout)
           if divide_first:
             packed = packed / tf.constant(num_replicas, wire)
           flat.append(packed)
@@ -219,31 +209,25 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         for index, piece in zip(group, pieces):
           results[r][index] = piece
   else:
-    combine, merge_op = ((tf.maximum, "Max") if op is ReduceOp.MAX
-                         else (tf.minimum, "Min"))
+    is_max = op is ReduceOp.MAX
     with tf.device(devices[0]):
       for index in range(len(first)):
-        boolean = first[index].dtype == tf.bool
-        pairwise = combine
-        if boolean:  # max: any replica, min: every replica
-          pairwise = tf.logical_or if op is ReduceOp.MAX else tf.logical_and
-        total = values[0][index]
-        for replica in values[1:]:
-          total = pairwise(total, replica[index])
-        total = between_workers.across_workers(total, merge_op, keys)
+        if first[index].dtype == tf.bool:  # max: any replica, min: every replica
+          pairwise = tf.logical_or if is_max else tf.logical_and
+        else:
+          pairwise = tf.maximum if is_max else tf.minimum
+        total = functools.reduce(pairwise, [replica[index] for replica in values])
+        total = between_workers.across_workers(total, "Max" if is_max else "Min", keys)
         for r, copy in enumerate(spread(total, devices)):
           results[r][index] = copy
   return results
 
 
 def broadcast(values: List[List[tf.Tensor]], source_replica: int,
-              devices: Sequence[str], num_replicas: int = None,
-              first_replica_id: int = 0, keys=None) -> List[List[tf.Tensor]]:
-  """Gives every replica the values of replica `source_replica` (a global id)."""
-  num_replicas = num_replicas or len(values)
-  if not 0 <= source_replica < num_replicas:
-    raise ValueError(
-        f"source_replica: must be in [0, {num_replicas}), got {source_replica}.")
+              devices: Sequence[str], first_replica_id: int = 0,
+              keys=None) -> List[List[tf.Tensor]]:
+  """Gives every replica the values of replica `source_replica` (a global id,
+  one of the job's: `in_step.broadcast` checks it)."""
   local = source_replica - first_replica_id
   results = [[None] * len(values[0]) for _ in values]
   for index in range(len(values[0])):
