@@ -1,16 +1,14 @@
 """Collectives between worker processes, and what keeps every worker's in step.
 
-TensorFlow's own `CollectiveReduceV2` / `CollectiveGatherV2` over gRPC (the
-engine of `MultiWorkerMirroredStrategy`), one call per collective on each
-worker's first device. Every worker traces the same program, so each takes
-its instance key from a counter (`multiworker.cluster.CollectiveKeys`) with no
-exchange.
-TensorFlow keeps the shape a collective first had under its key for the life
-of the process and aborts every collective when a later call under that key
-has another: a collective whose shape is known only at run time travels
-flattened and padded to a size class (`_size_class`, at most 1/64 larger) and
-takes its key at run time, one per class, after the workers found their shapes
-equal.
+TensorFlow's `CollectiveReduceV2` / `CollectiveGatherV2` over gRPC, one call
+per collective on each worker's first device. Every worker traces the same
+program, so each takes its instance key from a counter
+(`multiworker.cluster.CollectiveKeys`) with no exchange. TensorFlow keeps the
+shape a collective first had under its key for the life of the process and
+aborts every collective when a later call under that key has another: a
+collective whose shape is known only at run time travels flattened and padded
+to a size class (`_size_class`, at most 1/64 larger) and takes its key at run
+time, one per class, after the workers found their shapes equal.
 """
 
 from typing import Optional
@@ -36,9 +34,8 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
                timeout_s=timeout_s)
   if keys is None or keys.num_workers == 1:
     return value
-  if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
-    # (booleans as 0/1: Max is any worker's, Min every worker's, a nonzero sum true)
-    wider = _REDUCED_WIDER[value.dtype]
+  if value.dtype in wire.REDUCED_WIDER:  # CollectiveReduceV2 has no kernel
+    wider = wire.REDUCED_WIDER[value.dtype]
     return tf.cast(across_workers(tf.cast(value, wider), merge_op, keys, **again),
                    value.dtype)
   if value.dtype.is_complex:  # no kernel: real and imaginary parts, as floats
@@ -59,7 +56,7 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
         timeout=keys.timeout_s if timeout_s is None else timeout_s,
         ordering_token=ordering_token)
 
-  if instance_key is not None or not _run_time_shape(value):
+  if instance_key is not None or value.shape.is_fully_defined():
     return reduce(value, instance_key or keys.next(_signature(merge_op, value)))
   value = same_shape_everywhere(value, keys)
   flat, size, key = _in_size_class(merge_op, value, keys)
@@ -68,20 +65,15 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
   return total
 
 
-_REDUCED_WIDER = wire.REDUCED_WIDER
-
-
 def same_shape_everywhere(value: tf.Tensor, keys) -> tf.Tensor:
   """`value` once every worker's is found to have its shape; else an error on each.
 
-  Only values whose shape is known at run time only are checked.
-
-  Values of a shape known only at run time take their collective's key at run
-  time (`_in_size_class`): workers whose shapes differed would wait on
-  different keys forever. Their shapes travel first, in a collective of a
-  static shape (of unknown rank, their ranks first).
+  Only a value whose shape is known at run time only is checked: its
+  collective takes its key at run time (`_in_size_class`), and workers whose
+  shapes differed would wait on different keys forever. The shapes travel
+  first, in a collective of a static shape (of unknown rank, the ranks first).
   """
-  if not _run_time_shape(value):
+  if value.shape.is_fully_defined():
     return value
   shape = tf.shape(value, out_type=tf.int64)
   if value.shape.rank is None:
@@ -148,11 +140,6 @@ def _size_class(size: tf.Tensor):
   return padded, size_class
 
 
-def _run_time_shape(value: tf.Tensor) -> bool:
-  """Whether `value`'s collective takes its key at run time: some dim not static."""
-  return not value.shape.is_fully_defined()
-
-
 def _signature(kind: str, value: tf.Tensor):
   """What workers must agree on for a collective: `(kind, dtype, static dims)`.
 
@@ -169,10 +156,6 @@ def min_and_max_across_workers(value: tf.Tensor, keys,
   return both[0], -both[1]
 
 
-_GATHERED_AS_INT32 = wire.GATHERED_AS_INT32
-_GATHERED_AS_BITS = wire.GATHERED_AS_BITS
-
-
 def gather_workers(value: tf.Tensor, keys) -> tf.Tensor:
   """Every worker's `value` concatenated along axis 0, in worker order.
 
@@ -181,13 +164,13 @@ def gather_workers(value: tf.Tensor, keys) -> tf.Tensor:
   """
   if keys is None or keys.num_workers == 1:
     return value
-  if value.dtype in _GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
+  if value.dtype in wire.GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
     return tf.cast(gather_workers(tf.cast(value, tf.int32), keys), value.dtype)
   if value.dtype.is_complex:  # nor for these: (real, imaginary) pairs of floats
     pairs = gather_workers(tf.bitcast(value, value.dtype.real_dtype), keys)
     return tf.bitcast(pairs, value.dtype)
-  if value.dtype in _GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
-    signed = gather_workers(tf.bitcast(value, _GATHERED_AS_BITS[value.dtype]), keys)
+  if value.dtype in wire.GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
+    signed = gather_workers(tf.bitcast(value, wire.GATHERED_AS_BITS[value.dtype]), keys)
     return tf.bitcast(signed, value.dtype)
   if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
     return _gather_bfloat16(value, keys)
@@ -202,7 +185,7 @@ def gather_workers(value: tf.Tensor, keys) -> tf.Tensor:
     with tf.control_dependencies([done]):
       gathered = tf.zeros([keys.num_workers * value.shape[0]] + value.shape[1:],
                           value.dtype)
-  elif not _run_time_shape(value):
+  elif value.shape.is_fully_defined():
     gathered = gather(value, keys.next(_signature("Gather", value)))
   else:
     flat, size, key = _in_size_class("Gather", value, keys)
