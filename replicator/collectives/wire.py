@@ -9,8 +9,8 @@ arrives exact:
   `TPUStrategy` uses for `all_reduce`, `all_gather` and everything built on
   them). The strategy engine treats its stand-in as a TPU too, so the suite
   executes the encodings a TPU traces.
-- `COLLECTIVE_REDUCE`, `COLLECTIVE_GATHER`: between workers
-  (`CollectiveReduceV2`, `CollectiveGatherV2`; `between_workers`).
+- between workers (`CollectiveReduceV2`, `CollectiveGatherV2`;
+  `between_workers`): `REDUCED_WIDER`, `GATHERED_AS_INT32`, `GATHERED_AS_BITS`.
 - `NCCL`: between physical GPUs (`NcclAllReduce`; `reductions`).
 
 The encodings (`exact_sum`, `gather_words`, `to_words` / `from_words`):
@@ -27,8 +27,6 @@ from typing import Callable
 import tensorflow as tf
 
 TPU_SUM = "cross_replica_sum"
-COLLECTIVE_REDUCE = "CollectiveReduceV2"
-COLLECTIVE_GATHER = "CollectiveGatherV2"
 NCCL = "NcclAllReduce"
 
 CARRIES = {
@@ -37,10 +35,6 @@ CARRIES = {
     # the suite executes what a TPU traces.
     TPU_SUM: frozenset({tf.bfloat16, tf.float16, tf.float32, tf.float64,
                         tf.int32}),
-    COLLECTIVE_REDUCE: frozenset({tf.bfloat16, tf.float16, tf.float32,
-                                  tf.float64, tf.int32, tf.int64}),
-    COLLECTIVE_GATHER: frozenset({tf.float16, tf.float32, tf.float64, tf.int32,
-                                  tf.int64}),
     NCCL: frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf.int64}),
 }
 
