@@ -33,17 +33,13 @@ def all_gather(values: List[List[tf.Tensor]], axis: int,
   Across workers the parts may differ in size along `axis` only. Scalars are
   gathered into a vector.
   """
-  results = [[None] * len(values[0]) for _ in values]
-  across = keys is not None and keys.num_workers > 1
   with tf.device(devices[0]):
-    local = [tf.concat([gather_part(reductions.dense(r[index]), axis)
-                        for r in values], axis=axis)
-             for index in range(len(values[0]))]
-    gathered = _across_workers(local, axis, keys) if across else local
-    for index, value in enumerate(gathered):
-      for r, copy in enumerate(reductions.spread(value, devices)):
-        results[r][index] = copy
-  return results
+    gathered = [tf.concat([gather_part(reductions.dense(r[index]), axis)
+                           for r in values], axis=axis)
+                for index in range(len(values[0]))]
+    if keys is not None and keys.num_workers > 1:
+      gathered = _across_workers(gathered, axis, keys)
+  return reductions.spread_each(gathered, devices)
 
 
 def _to_front(value: tf.Tensor, axis: int):

@@ -26,6 +26,12 @@ def spread(value: tf.Tensor, devices: Sequence[str]) -> List[tf.Tensor]:
   return _on_devices(tf.identity, [value] * len(devices), devices)
 
 
+def spread_each(tensors: Sequence[tf.Tensor], devices: Sequence[str]) -> List[List[tf.Tensor]]:
+  """Every one of `tensors` on each device: one list of them per device."""
+  copies = [spread(t, devices) for t in tensors]
+  return [[each[r] for each in copies] for r in range(len(devices))]
+
+
 def dense(value):
   if isinstance(value, tf.IndexedSlices):
     return tf.convert_to_tensor(value)
@@ -168,48 +174,9 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
   if not first:
     return [[] for _ in values]
   check_reducible(first, op)
-  results = [[None] * len(first) for _ in values]
-  if op in (ReduceOp.SUM, ReduceOp.MEAN):
-    packable = all(t.shape.is_fully_defined() for t in first)
-    groups = (packing.buckets(first, options.pack_bytes) if packable
-              else [[i] for i in range(len(first))])
-    lanes = _lanes(options.lanes(getattr(keys, "crowded", False)), len(groups),
-                   devices[0], keys)
-    for number, group in enumerate(groups):
-      dtype = first[group[0]].dtype
-      wire = (options.compression.value if dtype.is_floating else None) or dtype
-      layout = packing.Layout.of([first[i].shape for i in group], wire)
-      divide_first = _divides_first(op, wire, options)
-      flat = []
-      for replica, device in zip(values, devices):
-        with tf.device(device):  # narrowed where it lives, so it travels narrow
-          packed = packing.pack([tf.cast(replica[i], wire) for i in group], layout)
-          if divide_first:
-            packed = packed / tf.constant(num_replicas, wire)
-          flat.append(packed)
-      divide_after = op is ReduceOp.MEAN and not divide_first
-
-      def finish(total, dtype=dtype, divide_after=divide_after):
-        # A compressed sum is widened whole, then unpacked: one cast of the
-        # bucket costs less than one per tensor, and the layout's alignment
-        # holds in the wider dtype, so the pieces stay slices. Done once
-        # where the replicas share one sum, before it is handed on; after, on
-        # each GPU, where the narrow sum crosses between GPUs.
-        if divide_after:
-          return _divided(total, num_replicas, dtype)
-        return total if total.dtype == dtype else tf.cast(total, dtype)
-
-      totals = _sum(flat, options, devices, keys, lanes[number % len(lanes)],
-                    finish=finish,
-                    finish_on_each_device=wire != dtype and any(
-                        "GPU" in device.upper() for device in devices[1:]))
-      for r, (device, total) in enumerate(zip(devices, totals)):
-        with tf.device(device):
-          pieces = packing.unpack(total, layout)
-        for index, piece in zip(group, pieces):
-          results[r][index] = piece
-  else:
+  if op in (ReduceOp.MAX, ReduceOp.MIN):
     is_max = op is ReduceOp.MAX
+    totals = []
     with tf.device(devices[0]):
       for index in range(len(first)):
         if first[index].dtype == tf.bool:  # max: any replica, min: every replica
@@ -217,9 +184,47 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         else:
           pairwise = tf.maximum if is_max else tf.minimum
         total = functools.reduce(pairwise, [replica[index] for replica in values])
-        total = between_workers.across_workers(total, "Max" if is_max else "Min", keys)
-        for r, copy in enumerate(spread(total, devices)):
-          results[r][index] = copy
+        totals.append(between_workers.across_workers(total, "Max" if is_max else "Min", keys))
+    return spread_each(totals, devices)
+  results = [[None] * len(first) for _ in values]
+  packable = all(t.shape.is_fully_defined() for t in first)
+  groups = (packing.buckets(first, options.pack_bytes) if packable
+            else [[i] for i in range(len(first))])
+  lanes = _lanes(options.lanes(getattr(keys, "crowded", False)), len(groups),
+                 devices[0], keys)
+  for number, group in enumerate(groups):
+    dtype = first[group[0]].dtype
+    wire = (options.compression.value if dtype.is_floating else None) or dtype
+    layout = packing.Layout.of([first[i].shape for i in group], wire)
+    divide_first = _divides_first(op, wire, options)
+    flat = []
+    for replica, device in zip(values, devices):
+      with tf.device(device):  # narrowed where it lives, so it travels narrow
+        packed = packing.pack([tf.cast(replica[i], wire) for i in group], layout)
+        if divide_first:
+          packed = packed / tf.constant(num_replicas, wire)
+        flat.append(packed)
+    divide_after = op is ReduceOp.MEAN and not divide_first
+
+    def finish(total, dtype=dtype, divide_after=divide_after):
+      # A compressed sum is widened whole, then unpacked: one cast of the
+      # bucket costs less than one per tensor, and the layout's alignment
+      # holds in the wider dtype, so the pieces stay slices. Done once
+      # where the replicas share one sum, before it is handed on; after, on
+      # each GPU, where the narrow sum crosses between GPUs.
+      if divide_after:
+        return _divided(total, num_replicas, dtype)
+      return total if total.dtype == dtype else tf.cast(total, dtype)
+
+    totals = _sum(flat, options, devices, keys, lanes[number % len(lanes)],
+                  finish=finish,
+                  finish_on_each_device=wire != dtype and any(
+                      "GPU" in device.upper() for device in devices[1:]))
+    for r, (device, total) in enumerate(zip(devices, totals)):
+      with tf.device(device):
+        pieces = packing.unpack(total, layout)
+      for index, piece in zip(group, pieces):
+        results[r][index] = piece
   return results
 
 
@@ -229,17 +234,13 @@ def broadcast(values: List[List[tf.Tensor]], source_replica: int,
   """Gives every replica the values of replica `source_replica` (a global id,
   one of the job's: `in_step.broadcast` checks it)."""
   local = source_replica - first_replica_id
-  results = [[None] * len(values[0]) for _ in values]
-  for index in range(len(values[0])):
-    if keys is None or keys.num_workers == 1:
-      value = dense(values[local][index])
-    else:  # the source's worker contributes its value, the others zeros
-      with tf.device(devices[0]):
-        mine = 0 <= local < len(values)
-        value = dense(values[local if mine else 0][index])
-        if not mine:
-          value = tf.zeros_like(value)
-        value = between_workers.across_workers(value, "Add", keys)
-    for r, copy in enumerate(spread(value, devices)):
-      results[r][index] = copy
-  return results
+  if keys is None or keys.num_workers == 1:
+    return spread_each([dense(value) for value in values[local]], devices)
+  mine = 0 <= local < len(values)
+  sent = []
+  with tf.device(devices[0]):  # the source's worker contributes its values, the others zeros
+    for value in values[local if mine else 0]:
+      value = dense(value)
+      sent.append(between_workers.across_workers(
+          value if mine else tf.zeros_like(value), "Add", keys))
+  return spread_each(sent, devices)
