@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
+
 class ReduceOp(enum.Enum):
   """How values from different replicas are combined."""
   SUM = "sum"
@@ -25,10 +26,6 @@ class Compression(enum.Enum):
   NONE = None
   BF16 = tf.bfloat16
   FP16 = tf.float16
-
-
-# Buckets in flight by default, where a host has a core per worker.
-BUCKETS_IN_FLIGHT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +81,7 @@ class AllReduceOptions:
     workers than cores)."""
     if self.buckets_in_flight is not None:
       return self.buckets_in_flight
-    return 1 if crowded else BUCKETS_IN_FLIGHT
+    return 1 if crowded else 2
 
   def __post_init__(self):
     if (not isinstance(self.pack_bytes, int) or isinstance(self.pack_bytes, bool)
@@ -151,19 +148,17 @@ def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp,
     raise TypeError(
         f"op: ReduceOp.{op.name} of booleans; use ReduceOp.MAX (any replica) or "
         "ReduceOp.MIN (every replica), or cast to a number first.")
-  if op is ReduceOp.MEAN and not all(t.dtype.is_floating or t.dtype.is_complex
-                                     for t in tensors):
-    bad = next(t for t in tensors if not (t.dtype.is_floating or t.dtype.is_complex))
+  not_floats = [t for t in tensors if not (t.dtype.is_floating or t.dtype.is_complex)]
+  if op is ReduceOp.MEAN and not_floats:
     raise TypeError(
-        f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
+        f"op: ReduceOp.MEAN needs floating values, got {not_floats[0].dtype.name}; cast "
         "first or use ReduceOp.SUM.")
-  if op in (ReduceOp.MAX, ReduceOp.MIN):
-    for t in tensors:
-      if t.dtype.is_complex:
-        raise TypeError(
-            f"{method}: {t.dtype.name} values have no order, so ReduceOp."
-            f"{op.name} is undefined for them; reduce tf.math.real, tf.math.imag "
-            "or tf.abs of them instead.")
+  complex_ = [t for t in tensors if t.dtype.is_complex]
+  if op in (ReduceOp.MAX, ReduceOp.MIN) and complex_:
+    raise TypeError(
+        f"{method}: {complex_[0].dtype.name} values have no order, so ReduceOp."
+        f"{op.name} is undefined for them; reduce tf.math.real, tf.math.imag "
+        "or tf.abs of them instead.")
 
 
 def check_same_shapes(values: List[List[tf.Tensor]], method: str,
