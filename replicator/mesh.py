@@ -78,13 +78,11 @@ class Mesh:
     if not devices:
       raise ValueError("devices: the list is empty; give at least one device.")
     names = tuple(canonical_device(d) for d in devices)
-    seen = set()
-    for given, name in zip(devices, names):
-      if name in seen:
+    for index, name in enumerate(names):
+      if name in names[:index]:
         raise ValueError(
-            f"devices: {given!r} appears twice; each replica needs its own "
+            f"devices: {devices[index]!r} appears twice; each replica needs its own "
             "device.")
-      seen.add(name)
     if num_workers < 1:
       raise ValueError(f"num_workers: must be >= 1, got {num_workers}.")
     if not 0 <= worker_index < num_workers:
