@@ -77,9 +77,7 @@ class InGraphCollectives:
   def all_gather(self, flat: List[tf.Tensor], axis: int, *, method: str = "all_gather",
                  what: Optional[str] = None) -> List[tf.Tensor]:
     group = self.group
-
-    def merge(values):
-      return gathering.all_gather(values, axis, group.devices, keys=group.keys)
+    merge = lambda values: gathering.all_gather(values, axis, group.devices, keys=group.keys)
 
     def grad(xs, ys, summed_dys):
       del ys
@@ -114,10 +112,8 @@ class InGraphCollectives:
   def broadcast(self, flat: List[tf.Tensor], source_replica: int, *,
                 method: str = "broadcast", what: Optional[str] = None) -> List[tf.Tensor]:
     group = self.group
-
-    def merge(values):
-      return reductions.broadcast(values, source_replica, group.devices,
-                                  group.first_replica_id, group.keys)
+    merge = lambda values: reductions.broadcast(values, source_replica, group.devices,
+                                                group.first_replica_id, group.keys)
 
     def grad(xs, ys, summed_dys):
       del xs, ys
@@ -132,26 +128,24 @@ class InGraphCollectives:
     """As `Replica.with_summed_gradient`: the upstream gradients are summed in
     one collective, and what `forward` computes is never differentiated
     (`grad_fn` may run collectives, every replica in the same order)."""
-    def forward_and_backward(*xs):
-      outputs = forward(*xs)
+    xs = list(inputs)
+    outputs = [tf.convert_to_tensor(y) for y in forward(*xs)]
 
-      def backward(*upstream):
-        upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
-                    for dy, y in zip(upstream, outputs)]
-        floats = [i for i, x in enumerate(xs) if x.dtype.is_floating]
-        float_outputs = [i for i, y in enumerate(outputs) if y.dtype.is_floating]
-        summed = self.collective(f"the gradient of {name}",
-                                 [upstream[i] for i in float_outputs], self._summed)
-        grads = [None] * len(xs)
-        float_grads = grad_fn([xs[i] for i in floats],
-                              [outputs[i] for i in float_outputs], summed)
-        for i, grad in zip(floats, float_grads):
-          grads[i] = grad
-        return grads
+    def backward(*upstream):
+      upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
+                  for dy, y in zip(upstream, outputs)]
+      floats = [i for i, x in enumerate(xs) if x.dtype.is_floating]
+      float_outputs = [i for i, y in enumerate(outputs) if y.dtype.is_floating]
+      summed = self.collective(f"the gradient of {name}",
+                               [upstream[i] for i in float_outputs], self._summed)
+      grads = [None] * len(xs)
+      float_grads = grad_fn([xs[i] for i in floats],
+                            [outputs[i] for i in float_outputs], summed)
+      for i, grad in zip(floats, float_grads):
+        grads[i] = grad
+      return grads
 
-      return outputs, backward
-
-    return _with_gradient(forward_and_backward, list(inputs))
+    return _with_gradient(outputs, xs, backward)
 
   def _summed(self, values: List[List[tf.Tensor]]) -> List[List[tf.Tensor]]:
     """The merge of a sum over every replica (of gradients, of tie counts)."""
@@ -171,11 +165,8 @@ class InGraphCollectives:
     name = f"{label} of {what or f'{len(flat)} tensor(s)'}"
     if not any(x.dtype.is_floating for x in flat):
       return self.collective(name, flat, merge)
-
-    def forward(*inputs):
-      return self.collective(name, list(inputs), merge)
-
-    return self.with_summed_gradient(name, forward, flat, grad_fn)
+    return self.with_summed_gradient(
+        name, lambda *inputs: self.collective(name, list(inputs), merge), flat, grad_fn)
 
 
 def _static_starts(values, axis: int, keys):
@@ -210,8 +201,10 @@ def _static_starts(values, axis: int, keys):
           for r in range(len(values))]
 
 
-def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
-  """`tf.custom_gradient(forward)(*inputs)` in a graph, without its variable search.
+def _with_gradient(outputs: List[tf.Tensor], inputs: List[tf.Tensor],
+                   backward) -> List[tf.Tensor]:
+  """`outputs` of `inputs`, differentiated by `backward`, as `tf.custom_gradient`
+  would give them in a graph, without its variable search.
 
   `tf.custom_gradient` walks the graph back from the outputs to the inputs to
   find the variables read in between. A collective's outputs depend on every
@@ -221,21 +214,15 @@ def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
   what `tf.custom_gradient` does otherwise (an IdentityN whose gradient is
   `backward`, for `tf.gradients`, and recorded so, for `tf.GradientTape`).
   """
-  outputs, backward = forward(*inputs)
-  outputs = [tf.convert_to_tensor(y) for y in outputs]
-
   def gradient(*upstream):  # IdentityN's gradients: outputs' (none), inputs'
     return [None] * len(outputs) + list(backward(*upstream[:len(outputs)]))
 
   graph = tf.compat.v1.get_default_graph()
   with graph.gradient_override_map({"IdentityN": _GRADIENT}):
-    both = tf.identity_n(outputs + list(inputs))
+    both = tf.identity_n(outputs + inputs)
   with _gradients_lock:  # (a graph has no __dict__ to setdefault in)
-    gradients = getattr(graph, _GRADIENTS, None)
-    if gradients is None:
-      gradients = {}
-      setattr(graph, _GRADIENTS, gradients)
-  gradients[both[0].op.name] = gradient
-  record.record_operation("replicator_collective", both, outputs + list(inputs),
-                          gradient)
+    if not hasattr(graph, _GRADIENTS):
+      setattr(graph, _GRADIENTS, {})
+  getattr(graph, _GRADIENTS)[both[0].op.name] = gradient
+  record.record_operation("replicator_collective", both, outputs + inputs, gradient)
   return both[:len(outputs)]
