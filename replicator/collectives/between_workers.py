@@ -25,10 +25,9 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
                    timeout_s: Optional[float] = None) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective).
 
-  `tf.function` runs collectives one after another in the order they were
-  built, except those given an `ordering_token` (a resource handle): each of
-  those waits only for the previous one with the same token. `timeout_s`
-  replaces `keys.timeout_s` for this collective (0: no limit).
+  A collective given an `ordering_token` (a resource handle) waits only for
+  the previous one with the same token, not for every one built before it.
+  `timeout_s` replaces `keys.timeout_s` for this collective (0: no limit).
   """
   again = dict(instance_key=instance_key, ordering_token=ordering_token,
                timeout_s=timeout_s)
@@ -96,12 +95,8 @@ def _same_everywhere(value: tf.Tensor, figures: tf.Tensor, keys, what: str):
 
 
 def _in_size_class(kind: str, value: tf.Tensor, keys):
-  """`value` flattened and padded to its size class; its size; the class's key.
-
-  TensorFlow's collectives keep the shape they first had under an instance
-  key: one key per size class, so a collective of another size never reuses
-  one.
-  """
+  """`value` flattened and padded to its size class; its size; the class's key
+  (one per class: a key keeps the shape its collective first had)."""
   # Its own kind for the program check: a collective of this shape static on
   # another worker has another key there (a static one), and the dims alone
   # would match (an unknown dim matches any).
@@ -141,10 +136,8 @@ def _size_class(size: tf.Tensor):
 
 
 def _signature(kind: str, value: tf.Tensor):
-  """What workers must agree on for a collective: `(kind, dtype, static dims)`.
-
-  The dims are None where the rank is unknown, a dim None where it is.
-  """
+  """What workers must agree on for a collective: `(kind, dtype, static dims)`
+  (dims None where the rank is unknown, a dim None where it is)."""
   dims = tuple(value.shape.as_list()) if value.shape.rank is not None else None
   return kind, value.dtype.name, dims
 
@@ -172,49 +165,39 @@ def gather_workers(value: tf.Tensor, keys) -> tf.Tensor:
   if value.dtype in wire.GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
     signed = gather_workers(tf.bitcast(value, wire.GATHERED_AS_BITS[value.dtype]), keys)
     return tf.bitcast(signed, value.dtype)
-  if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
-    return _gather_bfloat16(value, keys)
 
   def gather(wire, key):
     return collective_ops.all_gather_v2(
         wire, group_size=keys.num_workers, group_key=keys.group_key,
         instance_key=key, communication_hint="ring", timeout=keys.timeout_s)
 
-  if value.shape.num_elements() == 0:  # TensorFlow's gather of empty tensors crashes
+  if value.dtype == tf.bfloat16:  # nor for bfloat16: pairs of them as int32 words
+    flat = tf.reshape(value, [-1])
+    size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
+    pairs = tf.reshape(tf.pad(flat, [[0, size % 2]]), [-1, 2])
+    words = gather_workers(tf.bitcast(pairs, tf.int32), keys)
+    rows = tf.reshape(tf.bitcast(words, tf.bfloat16), [keys.num_workers, -1])[:, :size]
+  elif value.shape.num_elements() == 0:  # TensorFlow's gather of empty tensors crashes
     done = gather(tf.zeros([1], value.dtype), keys.next(_signature("Gather", value)))
     with tf.control_dependencies([done]):
-      gathered = tf.zeros([keys.num_workers * value.shape[0]] + value.shape[1:],
-                          value.dtype)
+      return tf.zeros([keys.num_workers * value.shape[0]] + value.shape[1:], value.dtype)
   elif value.shape.is_fully_defined():
-    gathered = gather(value, keys.next(_signature("Gather", value)))
+    return leading_times(gather(value, keys.next(_signature("Gather", value))), value,
+                          keys.num_workers)
   else:
     flat, size, key = _in_size_class("Gather", value, keys)
     rows = tf.reshape(gather(flat, key), [keys.num_workers, -1])[:, :size]
-    shape = tf.shape(value)
-    gathered = tf.reshape(rows, tf.concat([[keys.num_workers * shape[0]],
-                                           shape[1:]], 0))
-  return _leading_times(gathered, value, keys.num_workers)
+  shape = tf.shape(value)
+  gathered = tf.reshape(rows, tf.concat([[keys.num_workers * shape[0]], shape[1:]], 0))
+  return leading_times(gathered, value, keys.num_workers)
 
 
-def _leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
+def leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
   """`gathered` given the static shape the op loses: `value`'s, axis 0 x workers."""
   if value.shape.rank:
     leading = None if value.shape[0] is None else value.shape[0] * num_workers
     gathered.set_shape([leading] + value.shape[1:])
   return gathered
-
-
-def _gather_bfloat16(value: tf.Tensor, keys) -> tf.Tensor:
-  """`gather_workers` of bfloat16 values, as pairs bitcast to int32 words."""
-  flat = tf.reshape(value, [-1])
-  size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
-  pairs = tf.reshape(tf.pad(flat, [[0, size % 2]]), [-1, 2])
-  words = gather_workers(tf.bitcast(pairs, tf.int32), keys)
-  halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [keys.num_workers, -1])
-  shape = tf.shape(value)
-  gathered = tf.reshape(halves[:, :size],
-                        tf.concat([[keys.num_workers * shape[0]], shape[1:]], 0))
-  return _leading_times(gathered, value, keys.num_workers)
 
 
 def checked_min_and_max(values, keys, device: str):

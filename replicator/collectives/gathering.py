@@ -42,25 +42,20 @@ def all_gather(values: List[List[tf.Tensor]], axis: int,
   return reductions.spread_each(gathered, devices)
 
 
-def _to_front(value: tf.Tensor, axis: int):
-  """`value` with `axis` moved first, and the permutation that undoes it."""
-  rank = value.shape.rank
-  if rank is None:
-    raise ValueError(
-        "value: all_gather across workers needs tensors of known rank, got one "
-        "of unknown rank (from tf.py_function, say); tf.ensure_shape it.")
-  first = axis % rank
-  if not first:
-    return value, None
-  order = [first] + [d for d in range(rank) if d != first]
-  return tf.transpose(value, order), [order.index(d) for d in range(rank)]
-
-
 def _across_workers(local: List[tf.Tensor], axis: int, keys) -> List[tf.Tensor]:
-  fronts, inverses = zip(*[_to_front(value, axis) for value in local])
-  gathered = _gather_uneven(list(fronts), keys)
-  return [front if inverse is None else tf.transpose(front, inverse)
-          for front, inverse in zip(gathered, inverses)]
+  """`_gather_uneven` of `local` with `axis` moved first and back."""
+  fronts, orders = [], []
+  for value in local:
+    rank = value.shape.rank
+    if rank is None:
+      raise ValueError(
+          "value: all_gather across workers needs tensors of known rank, got one "
+          "of unknown rank (from tf.py_function, say); tf.ensure_shape it.")
+    order = [axis % rank] + [d for d in range(rank) if d != axis % rank]
+    fronts.append(tf.transpose(value, order) if axis % rank else value)
+    orders.append(order)
+  return [tf.transpose(front, [order.index(d) for d in range(len(order))])
+          if order[0] else front for front, order in zip(_gather_uneven(fronts, keys), orders)]
 
 
 def _gather_uneven(fronts: List[tf.Tensor], keys) -> List[tf.Tensor]:
@@ -121,8 +116,6 @@ def _gather_uneven(fronts: List[tf.Tensor], keys) -> List[tf.Tensor]:
       padded = tf.pad(front, padding + [[0, 0]] * (front.shape.rank - 1))
     rows = between_workers.gather_workers(padded, keys)
     kept = tf.reshape(tf.sequence_mask(sizes, most), [-1])
-    result = tf.boolean_mask(rows, kept)
-    leading = None if front.shape[0] is None else front.shape[0] * num_workers
-    result.set_shape([leading] + front.shape[1:])
-    out.append(result)
+    out.append(between_workers.leading_times(tf.boolean_mask(rows, kept), front,
+                                             num_workers))
   return out
