@@ -1,10 +1,8 @@
 """The all-reduce core: reductions over the per-replica values of one step.
 
-Every function here takes `values`, a list with one entry per local replica
-(each a flat list of tensors with matching shapes and dtypes), and returns one
-such list per replica, placed on that replica's device. The step traces every
-replica into one graph, so a reduction is a handful of in-graph ops: no
-rendezvous, no transport of our own.
+Each takes `values`, one flat list of tensors per local replica (matching
+shapes and dtypes), and returns one such list per replica, on its device: a
+handful of ops in the step's graph, which holds every replica.
 """
 
 import functools
@@ -33,21 +31,13 @@ def spread_each(tensors: Sequence[tf.Tensor], devices: Sequence[str]) -> List[Li
 
 
 def dense(value):
-  if isinstance(value, tf.IndexedSlices):
-    return tf.convert_to_tensor(value)
-  return value
-
-
-_NCCL_DTYPES = wire.CARRIES[wire.NCCL]
+  return tf.convert_to_tensor(value) if isinstance(value, tf.IndexedSlices) else value
 
 
 def _gpus_split() -> bool:
-  """Whether a physical GPU holds several logical GPUs of this process.
-
-  NCCL refuses two ranks on one GPU ("NCCL: invalid usage"), so sums between
-  such GPUs are an `add_n` on the first, as MirroredStrategy also avoids NCCL
-  there.
-  """
+  """Whether a physical GPU holds several logical GPUs of this process, where
+  NCCL refuses two ranks on one GPU ("NCCL: invalid usage"), as
+  MirroredStrategy also avoids it."""
   return (len(tf.config.list_logical_devices("GPU"))
           > len(tf.config.list_physical_devices("GPU")))
 
@@ -57,7 +47,7 @@ def _by_nccl(devices: Sequence[str], dtype: tf.DType = tf.float32) -> bool:
   several GPUs, each a physical GPU of its own, and a dtype NCCL takes. Else
   it is an `add_n` on the first device, whatever the dtype."""
   return (len(devices) > 1 and all("GPU" in d.upper() for d in devices)
-          and dtype in _NCCL_DTYPES and not _gpus_split())
+          and wire.carried(wire.NCCL, dtype) and not _gpus_split())
 
 
 def merged_by_collectives(devices: Sequence[str], keys=None) -> bool:
@@ -91,11 +81,9 @@ def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
       total = between_workers.across_workers(total, "Add", keys,
                                              ordering_token=ordering_token)
-    if not finish_on_each_device:
-      total = finish(total)
-  if finish_on_each_device:
-    return _on_devices(finish, spread(total, devices), devices)
-  return spread(total, devices)
+    if finish_on_each_device:
+      return _on_devices(finish, spread(total, devices), devices)
+    return spread(finish(total), devices)
 
 
 def _sum_wide(parts, keys) -> tf.Tensor:
@@ -118,13 +106,9 @@ def _lanes(count: int, num_buckets: int, device: str, keys) -> list:
   """The ordering token of each of `count` lanes, or None where there is one lane.
 
   A collective waits for the previous one of its lane only
-  (`AllReduceOptions.buckets_in_flight`). A token is a resource handle that
-  nothing reads: the handle of a variable that never exists.
-
-  Safe because collectives between workers take the gRPC ring
-  (`between_workers`), whose instance keys let lanes finish in any order on
-  each worker. NCCL between workers would need one launch order on every
-  worker: lanes would then have to go.
+  (`AllReduceOptions.buckets_in_flight`). A token is the handle of a variable
+  that never exists. Safe because the gRPC ring's instance keys let lanes
+  finish in any order on each worker (NCCL between workers would not).
   """
   if count == 1 or num_buckets == 1 or keys is None or keys.num_workers == 1:
     return [None]
@@ -207,11 +191,9 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
     divide_after = op is ReduceOp.MEAN and not divide_first
 
     def finish(total, dtype=dtype, divide_after=divide_after):
-      # A compressed sum is widened whole, then unpacked: one cast of the
-      # bucket costs less than one per tensor, and the layout's alignment
-      # holds in the wider dtype, so the pieces stay slices. Done once
-      # where the replicas share one sum, before it is handed on; after, on
-      # each GPU, where the narrow sum crosses between GPUs.
+      # A compressed sum is widened whole, then unpacked (one cast, not one per
+      # tensor; the layout's alignment holds in the wider dtype): before it is
+      # handed on, or on each GPU where the narrow sum crosses between GPUs.
       if divide_after:
         return _divided(total, num_replicas, dtype)
       return total if total.dtype == dtype else tf.cast(total, dtype)
