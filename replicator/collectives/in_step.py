@@ -1,9 +1,8 @@
 """Collectives as seen from inside a step: nests in, nests out, for this replica.
 
-Each checks its arguments and flattens the nest once, the same for every
-engine, then hands the flat tensors to the replica traced on this thread
-(`replica_context.current()`), which meets the other replicas at one
-collective, differentiable as on one device.
+Each checks its arguments and flattens the nest once for every engine, then
+hands the flat tensors to the replica traced on this thread
+(`replica_context.current()`).
 """
 
 import numbers

@@ -97,14 +97,12 @@ class Replica(Protocol):
 
   def with_summed_gradient(self, name: str, forward: Callable[..., List[tf.Tensor]],
                            inputs: List[tf.Tensor], grad_fn: Callable) -> List[tf.Tensor]:
-    """`forward(*inputs)`, a computation across replicas, with its gradient.
-
-    `grad_fn(xs, ys, summed_dys)` is that gradient written out: given this
-    replica's float inputs, its float outputs and the sums over the replicas
-    of their upstream gradients, the float inputs' gradients. A replica whose
-    collectives differentiate themselves may differentiate `forward` instead:
-    the same values. `name` names the computation in errors.
-    """
+    """`forward(*inputs)`, a computation across replicas, with its gradient
+    written out: `grad_fn(xs, ys, summed_dys)` maps this replica's float
+    inputs, its float outputs and the sums over the replicas of their upstream
+    gradients to the float inputs' gradients. A replica whose collectives
+    differentiate themselves may differentiate `forward` instead (the same
+    values). `name` names the computation in errors."""
 
 
 def current() -> Optional[Replica]:
@@ -130,11 +128,8 @@ def local_writes() -> bool:
 
 @contextlib.contextmanager
 def writing_locally():
-  """Inside, variable updates skip cross-replica aggregation.
-
-  The optimizer uses it: its inputs are already identical on every replica, so
-  each replica applies the same update to its own copy.
-  """
+  """Inside, variable updates skip cross-replica aggregation (the optimizer's,
+  whose inputs are already identical on every replica)."""
   previous = local_writes()
   _local.local_writes = True
   try:
