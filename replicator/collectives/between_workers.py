@@ -29,23 +29,18 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
   the previous one with the same token, not for every one built before it.
   `timeout_s` replaces `keys.timeout_s` for this collective (0: no limit).
   """
-  again = dict(instance_key=instance_key, ordering_token=ordering_token,
-               timeout_s=timeout_s)
   if keys is None or keys.num_workers == 1:
     return value
+  again = lambda v: across_workers(v, merge_op, keys, instance_key, ordering_token, timeout_s)
   if value.dtype in wire.REDUCED_WIDER:  # CollectiveReduceV2 has no kernel
-    wider = wire.REDUCED_WIDER[value.dtype]
-    return tf.cast(across_workers(tf.cast(value, wider), merge_op, keys, **again),
-                   value.dtype)
+    return tf.cast(again(tf.cast(value, wire.REDUCED_WIDER[value.dtype])), value.dtype)
   if value.dtype.is_complex:  # no kernel: real and imaginary parts, as floats
-    both = across_workers(tf.stack([tf.math.real(value), tf.math.imag(value)]),
-                          merge_op, keys, **again)
+    both = again(tf.stack([tf.math.real(value), tf.math.imag(value)]))
     return tf.complex(both[0], both[1])
   if value.dtype == tf.uint64:  # as int64 bits: sums wrap alike; the order, sign bit flipped
     flip = (lambda v: v) if merge_op == "Add" else (
         lambda v: tf.bitwise.bitwise_xor(v, tf.constant(1 << 63, tf.uint64)))
-    signed = across_workers(tf.bitcast(flip(value), tf.int64), merge_op, keys, **again)
-    return flip(tf.bitcast(signed, tf.uint64))
+    return flip(tf.bitcast(again(tf.bitcast(flip(value), tf.int64)), tf.uint64))
 
   def reduce(wire, key):
     return collective_ops.all_reduce_v2(

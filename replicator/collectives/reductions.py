@@ -188,15 +188,12 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
         if divide_first:
           packed = packed / tf.constant(num_replicas, wire)
         flat.append(packed)
-    divide_after = op is ReduceOp.MEAN and not divide_first
 
-    def finish(total, dtype=dtype, divide_after=divide_after):
+    def finish(total, dtype=dtype, divide=op is ReduceOp.MEAN and not divide_first):
       # A compressed sum is widened whole, then unpacked (one cast, not one per
       # tensor; the layout's alignment holds in the wider dtype): before it is
       # handed on, or on each GPU where the narrow sum crosses between GPUs.
-      if divide_after:
-        return _divided(total, num_replicas, dtype)
-      return total if total.dtype == dtype else tf.cast(total, dtype)
+      return _divided(total, num_replicas, dtype) if divide else tf.cast(total, dtype)
 
     totals = _sum(flat, options, devices, keys, lanes[number % len(lanes)],
                   finish=finish,
