@@ -57,14 +57,12 @@ class AllReduceOptions:
       an accuracy option, not a speed one (TensorFlow's gather over gRPC is
       slower than a float32 all-reduce; see benchmarks/RESULTS.md).
     buckets_in_flight: multi-worker: how many buckets' collectives may cross
-      at once (in the order the buckets fill, last layer first). Bucket i
-      waits only for bucket i - k, so k rings run side by side: TensorFlow
-      moves each ring's bytes through gRPC on a few threads, and side by side
-      they use more of a worker's cores, so a host with cores to spare
-      all-reduces faster than with one bucket at a time. None (the
-      default): 2, or 1 where this host runs more of the job's workers than
-      it has cores: there rings side by side compete for the cores, and one
-      at a time is faster (benchmarks/RESULTS.md, item 3).
+      at once (bucket i waits only for bucket i - k, in the order the buckets
+      fill). TensorFlow moves each ring's bytes through gRPC on a few threads,
+      so k rings side by side use more of a host's cores. None (the default):
+      2, or 1 where this host runs more of the job's workers than it has
+      cores, and rings side by side compete for them (benchmarks/RESULTS.md,
+      item 3).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers). The constructor waits at
@@ -84,13 +82,10 @@ class AllReduceOptions:
     return 1 if crowded else 2
 
   def __post_init__(self):
-    if (not isinstance(self.pack_bytes, int) or isinstance(self.pack_bytes, bool)
-        or self.pack_bytes <= 0):
-      raise ValueError(
-          f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
-    if self.buckets_in_flight is not None and (
-        not isinstance(self.buckets_in_flight, int)
-        or isinstance(self.buckets_in_flight, bool) or self.buckets_in_flight < 1):
+    positive_int = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0
+    if not positive_int(self.pack_bytes):
+      raise ValueError(f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
+    if self.buckets_in_flight is not None and not positive_int(self.buckets_in_flight):
       raise ValueError(
           f"buckets_in_flight: expected a positive int or None (2, or 1 on a host "
           f"with more workers than cores), got {self.buckets_in_flight!r}; 1 sends "
