@@ -1,11 +1,9 @@
 """All-gather: every replica's part, concatenated in replica order.
 
-On one worker the parts are concatenated in the step's graph. Across workers
-they may differ in size along the gathered axis (uneven batches, a different
-number of scattered rows on each worker), which TensorFlow's gather
-collective refuses by aborting every collective of the job for good. So,
-unless a part's shape is static (then it is every worker's), the workers first
-exchange their parts' shapes (one small collective for all such tensors of a
+Across workers the parts may differ in size along the gathered axis (uneven
+batches), which TensorFlow's gather collective answers by aborting every
+collective of the job. So, unless a part's shape is static (then it is every
+worker's), the workers first exchange their parts' shapes (one collective per
 call), check them, pad each part to the largest, gather, and drop the padding.
 """
 
@@ -62,14 +60,10 @@ def _gather_uneven(fronts: List[tf.Tensor], keys) -> List[tf.Tensor]:
   """Every worker's `fronts` concatenated along axis 0; sizes there may differ.
 
   A part of a static shape is that shape on every worker (the program check
-  compares static shapes, and a collective of a shape static on one worker
-  only is another kind to it): gathered at once. The other parts' shapes
-  travel first. Gathered in the parts' order, so that the program check sees
-  which is which.
-
-  The result's size is static where the part's is on this worker: a run-time
-  check makes every worker's part that size (the program check already made
-  every worker's static dims agree, with unknown ones as wildcards).
+  compares static shapes): gathered at once. The other parts' shapes travel
+  first. Gathered in the parts' order, so that the program check sees which is
+  which. The result's size is static where the part's is on this worker: a
+  run-time check makes every worker's part that size.
   """
   num_workers = keys.num_workers
   uneven = [not front.shape.is_fully_defined() for front in fronts]

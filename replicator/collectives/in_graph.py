@@ -18,11 +18,9 @@ from replicator.collectives import reductions
 ReduceOp = reduce_options.ReduceOp
 
 # Every collective's IdentityN (`_with_gradient`) is differentiated by one
-# gradient, registered once for the process: it calls the function kept for
-# that op in its graph's `_GRADIENTS` attribute. (A name registered per
-# collective would grow TensorFlow's gradient registry with every trace, and
-# keep every traced graph alive through the functions' closures; kept on the
-# graph, they go with it.)
+# gradient registered once, which calls the function kept for that op in its
+# graph's `_GRADIENTS` (one registered per collective would grow TensorFlow's
+# registry with every trace and keep every traced graph alive).
 _GRADIENT = "ReplicatorCollective"
 _GRADIENTS = "_replicator_collective_gradients"  # op name -> its gradient
 _gradients_lock = threading.Lock()
@@ -81,12 +79,10 @@ class InGraphCollectives:
 
     def grad(xs, ys, summed_dys):
       del ys
-      # Each replica's part of the gathered gradient starts after the earlier
-      # replicas' parts, whose sizes may differ (allow_uneven_batches).
+      # This replica's part starts after the earlier replicas' parts, whose
+      # sizes may differ (allow_uneven_batches), statically too (rows picked by
+      # replica_id): found over the local replicas at trace time where they can be.
       parts = [gathering.gather_part(x, axis) for x in xs]
-      # Replicas trace apart, so a static size may differ between them (rows
-      # picked by replica_id): the starts are found over the local replicas,
-      # at trace time, where they can be.
       starts = self.collective(
           f"the static part sizes of {method}", parts,
           lambda values: _static_starts(values, axis, group.keys))
@@ -173,11 +169,10 @@ def _static_starts(values, axis: int, keys):
   """Per local replica, where each of its parts starts in the gathered tensor.
 
   `values[r]`: local replica r's parts. None for every replica unless every
-  part's size along `axis` is static. With several workers, each worker's
-  concatenation of its replicas' parts must be fully static too: then
-  `gathering` gathered it at once, and the program check made its shape
-  every worker's, so the workers before this one hold that many rows each.
-  The same answer on every worker, as the sizes collective it saves must be.
+  part's size along `axis` is static and, with several workers, each worker's
+  concatenation of them is fully static too: `gathering` then gathered it at
+  once, and the program check made its shape every worker's. The same answer
+  on every worker, as the sizes collective it saves must be.
   """
   several = keys is not None and keys.num_workers > 1
   local_totals = []
@@ -207,12 +202,10 @@ def _with_gradient(outputs: List[tf.Tensor], inputs: List[tf.Tensor],
   would give them in a graph, without its variable search.
 
   `tf.custom_gradient` walks the graph back from the outputs to the inputs to
-  find the variables read in between. A collective's outputs depend on every
-  replica's inputs, so that walk would go through every other replica's step
-  up to this point, once per collective: a large part of tracing a deep model
-  with cross-replica batch norm. A collective reads no variables: this does
-  what `tf.custom_gradient` does otherwise (an IdentityN whose gradient is
-  `backward`, for `tf.gradients`, and recorded so, for `tf.GradientTape`).
+  find the variables read in between: through every other replica's step, once
+  per collective (a large part of tracing a deep model with cross-replica batch
+  norm). A collective reads no variables: this is the rest of what it does (an
+  IdentityN whose gradient is `backward`, recorded on the tape too).
   """
   def gradient(*upstream):  # IdentityN's gradients: outputs' (none), inputs'
     return [None] * len(outputs) + list(backward(*upstream[:len(outputs)]))

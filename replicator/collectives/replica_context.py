@@ -26,21 +26,19 @@ _local = threading.local()
 class Replica(Protocol):
   """The replica whose part of a step is being traced on this thread.
 
-  The collectives take and return flat lists of tensors (`in_step` checks
-  the arguments and handles nests), one result per input, and are
-  differentiable as their public forms are. `method` names the call in
-  errors (`all_sum`); `what`, where given, says what the tensors are (in the
-  in-graph engine's errors about where replicas met, instead of their count).
+  The collectives take and return flat lists of tensors (`in_step` checks the
+  arguments and handles nests), one result per input, differentiable.
+  `method` names the call in errors (`all_sum`); `what`, where given, what the
+  tensors are (instead of their count, where the in-graph replicas meet).
 
   Attributes:
     num_replicas: replicas in the step, on every worker.
     function_copies: where the `tf.function`s that step_fn calls keep a copy
       per replica for this step's trace (`patches.nested_functions`).
-    in_tf_distribute_context: whether the step is traced in a
-      `tf.distribute` replica context of its replicas, where code written for
-      tf.distribute acts across them itself (a Keras optimizer sums the
-      gradients it is given and merges its updates); False where
-      `tf.distribute` sees the default context of one replica.
+    in_tf_distribute_context: whether the step is traced in a `tf.distribute`
+      replica context of its replicas, where code written for tf.distribute
+      acts across them itself (a Keras optimizer sums its gradients and merges
+      its updates); False where it sees the default context of one replica.
   """
   num_replicas: int
   function_copies: Dict[Any, Any]
@@ -190,10 +188,9 @@ class ReplicaGroup:
     num_replicas: replicas in the whole job.
     keys: a `multiworker.cluster.CollectiveKeys` when replicas span
       several workers.
-    trace: the engine's state of this step's trace, which the group carries
-      for the replicas' threads and reads only through `StepTrace` (the
-      in-graph engine's `variables.deferred.StepWrites`); None where nothing
-      but collectives is traced.
+    trace: the engine's state of this step's trace, carried for the replicas'
+      threads and read only through `StepTrace`
+      (`variables.deferred.StepWrites`); None where only collectives are traced.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
@@ -300,12 +297,10 @@ class ReplicaGroup:
 
 
 def _check_not_nested(name):
-  """Refuses a collective inside a `tf.function` that step_fn called.
-
-  Only XLA-compiled ones get that far (`patches.nested_functions` inlines the
-  others): each replica traces its own copy into a graph of its own, and a
-  collective cannot join values from several graphs.
-  """
+  """Refuses a collective inside a `tf.function` that step_fn called (only
+  XLA-compiled ones get here; `patches.nested_functions` inlines the others):
+  each replica traces its own copy, and a collective cannot join values from
+  several graphs."""
   replica = current()
   step_graph = replica.group.step_graph if replica else None
   for graph in _graph_and_outers(tf.compat.v1.get_default_graph()):
