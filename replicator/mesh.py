@@ -95,11 +95,9 @@ class Mesh:
 
   @property
   def devices(self) -> Tuple[str, ...]:
-    """Every replica's device, indexed by global replica id.
-
-    On one worker these are the local names ('CPU:0'); on several, full names
-    ('/job:worker/replica:0/task:1/device:GPU:0').
-    """
+    """Every replica's device, indexed by global replica id: local names
+    ('CPU:0') on one worker, full names on several
+    ('/job:worker/replica:0/task:1/device:GPU:0')."""
     if self.num_workers == 1:
       return self.local_devices
     return tuple(worker_device(w, d) for w in range(self.num_workers)

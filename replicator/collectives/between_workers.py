@@ -145,11 +145,8 @@ def min_and_max_across_workers(value: tf.Tensor, keys,
 
 
 def gather_workers(value: tf.Tensor, keys) -> tf.Tensor:
-  """Every worker's `value` concatenated along axis 0, in worker order.
-
-  Every worker's `value` must have the same shape (`gathering` pads parts
-  that differ).
-  """
+  """Every worker's `value`, of one shape on every worker (`gathering` pads
+  parts that differ), concatenated along axis 0 in worker order."""
   if keys is None or keys.num_workers == 1:
     return value
   if value.dtype in wire.GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
@@ -196,11 +193,9 @@ def leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
 
 
 def checked_min_and_max(values, keys, device: str):
-  """The elementwise min and max of the workers' int `values`, as lists, now.
-
-  One eager collective on a key of the checks' range (`next_check`), which
-  matches on every worker even where their programs' keys do not.
-  """
+  """The elementwise min and max of the workers' int `values`, as lists, now:
+  one eager collective on a key of the checks' range (`next_check`), which
+  matches on every worker even where their programs' keys do not."""
   with tf.device(device):
     low, high = min_and_max_across_workers(
         tf.constant(values, tf.int64), keys, instance_key=keys.next_check())

@@ -26,11 +26,8 @@ def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
 
 def all_gather(values: List[List[tf.Tensor]], axis: int,
                devices: Sequence[str], keys=None) -> List[List[tf.Tensor]]:
-  """Concatenates matching tensors of all replicas along `axis`, in replica order.
-
-  Across workers the parts may differ in size along `axis` only. Scalars are
-  gathered into a vector.
-  """
+  """Concatenates matching tensors of all replicas along `axis`, in replica order
+  (scalars into a vector); across workers the parts may differ in size along it."""
   with tf.device(devices[0]):
     gathered = [tf.concat([gather_part(reductions.dense(r[index]), axis)
                            for r in values], axis=axis)

@@ -43,17 +43,15 @@ def _gpus_split() -> bool:
 
 
 def _by_nccl(devices: Sequence[str], dtype: tf.DType = tf.float32) -> bool:
-  """Whether a sum of `dtype` over these local replicas is NCCL's all-reduce:
-  several GPUs, each a physical GPU of its own, and a dtype NCCL takes. Else
-  it is an `add_n` on the first device, whatever the dtype."""
+  """Whether a sum of `dtype` over these local replicas is NCCL's (several GPUs,
+  each a physical GPU of its own, and a dtype NCCL takes), not an `add_n`."""
   return (len(devices) > 1 and all("GPU" in d.upper() for d in devices)
           and wire.carried(wire.NCCL, dtype) and not _gpus_split())
 
 
 def merged_by_collectives(devices: Sequence[str], keys=None) -> bool:
-  """Whether a sum over these replicas takes collective kernels (NCCL between
-  GPUs, a ring between workers), each a launch or a round trip, rather than an
-  `add_n` in the graph."""
+  """Whether a sum over these replicas takes collective kernels (NCCL, a ring
+  between workers: each a launch or a round trip) rather than an `add_n`."""
   return _by_nccl(devices) or (keys is not None and keys.num_workers > 1)
 
 

@@ -53,9 +53,8 @@ class Replica(Protocol):
     None where one trace serves every replica (a TPU's)."""
 
   def static_local_index(self) -> Optional[int]:
-    """This replica's index among this worker's replicas (which of a
-    replicated variable's copies its trace holds) where the trace is this
-    replica's alone; None where one trace serves every replica."""
+    """This replica's index among this worker's replicas (which copy of a
+    replicated variable it holds) where the trace is this replica's alone, else None."""
 
   def all_reduce(self, flat: List[tf.Tensor], op: reduce_options.ReduceOp,
                  options: reduce_options.AllReduceOptions, *,
@@ -144,14 +143,8 @@ class ReplicaContext(in_graph.InGraphCollectives, Replica):
   index: int  # local replica index
 
   in_tf_distribute_context = False
-
-  @property
-  def num_replicas(self) -> int:
-    return self.group.num_replicas
-
-  @property
-  def function_copies(self) -> Dict[Any, Any]:
-    return self.group.function_copies
+  num_replicas = property(lambda self: self.group.num_replicas)
+  function_copies = property(lambda self: self.group.function_copies)
 
   def replica_id(self) -> tf.Tensor:
     return tf.constant(self.static_replica_id(), tf.int32, name="replica_id")
