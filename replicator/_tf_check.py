@@ -22,20 +22,16 @@ class UntestedTensorFlowWarning(UserWarning):
   """TensorFlow is a version that replicator's CI does not test."""
 
 
-def _major_minor(version: str):
-  return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-
-
 def check(version: str) -> None:
   """Raises for a TensorFlow `version` older than 2.16; warns outside `TESTED`."""
-  found = _major_minor(version)
+  found = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
   if found < _MINIMUM:
     raise ImportError(
         f"replicator needs TensorFlow >= 2.16, found {version}. Upgrade "
         "with `pip install -U 'tensorflow>=2.20,<2.22'` (or tensorflow-cpu / "
         "tensorflow-tpu, matching the build you use).")
   (low_major, low_minor), (high_major, high_minor) = TESTED
-  if not TESTED[0] <= found[:2] <= TESTED[1]:
+  if not TESTED[0] <= found <= TESTED[1]:
     warnings.warn(
         f"replicator is tested with TensorFlow {low_major}.{low_minor} to "
         f"{high_major}.{high_minor}, and this is TensorFlow {version}: it may "

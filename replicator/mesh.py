@@ -78,13 +78,11 @@ class Mesh:
     if not devices:
       raise ValueError("devices: the list is empty; give at least one device.")
     names = tuple(canonical_device(d) for d in devices)
-    seen = set()
-    for given, name in zip(devices, names):
-      if name in seen:
+    for index, name in enumerate(names):
+      if name in names[:index]:
         raise ValueError(
-            f"devices: {given!r} appears twice; each replica needs its own "
+            f"devices: {devices[index]!r} appears twice; each replica needs its own "
             "device.")
-      seen.add(name)
     if num_workers < 1:
       raise ValueError(f"num_workers: must be >= 1, got {num_workers}.")
     if not 0 <= worker_index < num_workers:
@@ -97,11 +95,9 @@ class Mesh:
 
   @property
   def devices(self) -> Tuple[str, ...]:
-    """Every replica's device, indexed by global replica id.
-
-    On one worker these are the local names ('CPU:0'); on several, full names
-    ('/job:worker/replica:0/task:1/device:GPU:0').
-    """
+    """Every replica's device, indexed by global replica id: local names
+    ('CPU:0') on one worker, full names on several
+    ('/job:worker/replica:0/task:1/device:GPU:0')."""
     if self.num_workers == 1:
       return self.local_devices
     return tuple(worker_device(w, d) for w in range(self.num_workers)

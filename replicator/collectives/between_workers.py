@@ -1,16 +1,14 @@
 """Collectives between worker processes, and what keeps every worker's in step.
 
-TensorFlow's own `CollectiveReduceV2` / `CollectiveGatherV2` over gRPC (the
-engine of `MultiWorkerMirroredStrategy`), one call per collective on each
-worker's first device. Every worker traces the same program, so each takes
-its instance key from a counter (`multiworker.cluster.CollectiveKeys`) with no
-exchange.
-TensorFlow keeps the shape a collective first had under its key for the life
-of the process and aborts every collective when a later call under that key
-has another: a collective whose shape is known only at run time travels
-flattened and padded to a size class (`_size_class`, at most 1/64 larger) and
-takes its key at run time, one per class, after the workers found their shapes
-equal.
+TensorFlow's `CollectiveReduceV2` / `CollectiveGatherV2` over gRPC, one call
+per collective on each worker's first device. Every worker traces the same
+program, so each takes its instance key from a counter
+(`multiworker.cluster.CollectiveKeys`) with no exchange. TensorFlow keeps the
+shape a collective first had under its key for the life of the process and
+aborts every collective when a later call under that key has another: a
+collective whose shape is known only at run time travels flattened and padded
+to a size class (`_size_class`, at most 1/64 larger) and takes its key at run
+time, one per class, after the workers found their shapes equal.
 """
 
 from typing import Optional
@@ -27,29 +25,22 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
                    timeout_s: Optional[float] = None) -> tf.Tensor:
   """Combines this worker's `value` with the other workers' (gRPC collective).
 
-  `tf.function` runs collectives one after another in the order they were
-  built, except those given an `ordering_token` (a resource handle): each of
-  those waits only for the previous one with the same token. `timeout_s`
-  replaces `keys.timeout_s` for this collective (0: no limit).
+  A collective given an `ordering_token` (a resource handle) waits only for
+  the previous one with the same token, not for every one built before it.
+  `timeout_s` replaces `keys.timeout_s` for this collective (0: no limit).
   """
-  again = dict(instance_key=instance_key, ordering_token=ordering_token,
-               timeout_s=timeout_s)
   if keys is None or keys.num_workers == 1:
     return value
-  if value.dtype in _REDUCED_WIDER:  # CollectiveReduceV2 has no kernel; sums wrap alike
-    # (booleans as 0/1: Max is any worker's, Min every worker's, a nonzero sum true)
-    wider = _REDUCED_WIDER[value.dtype]
-    return tf.cast(across_workers(tf.cast(value, wider), merge_op, keys, **again),
-                   value.dtype)
+  again = lambda v: across_workers(v, merge_op, keys, instance_key, ordering_token, timeout_s)
+  if value.dtype in wire.REDUCED_WIDER:  # CollectiveReduceV2 has no kernel
+    return tf.cast(again(tf.cast(value, wire.REDUCED_WIDER[value.dtype])), value.dtype)
   if value.dtype.is_complex:  # no kernel: real and imaginary parts, as floats
-    both = across_workers(tf.stack([tf.math.real(value), tf.math.imag(value)]),
-                          merge_op, keys, **again)
+    both = again(tf.stack([tf.math.real(value), tf.math.imag(value)]))
     return tf.complex(both[0], both[1])
   if value.dtype == tf.uint64:  # as int64 bits: sums wrap alike; the order, sign bit flipped
     flip = (lambda v: v) if merge_op == "Add" else (
         lambda v: tf.bitwise.bitwise_xor(v, tf.constant(1 << 63, tf.uint64)))
-    signed = across_workers(tf.bitcast(flip(value), tf.int64), merge_op, keys, **again)
-    return flip(tf.bitcast(signed, tf.uint64))
+    return flip(tf.bitcast(again(tf.bitcast(flip(value), tf.int64)), tf.uint64))
 
   def reduce(wire, key):
     return collective_ops.all_reduce_v2(
@@ -59,7 +50,7 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
         timeout=keys.timeout_s if timeout_s is None else timeout_s,
         ordering_token=ordering_token)
 
-  if instance_key is not None or not _run_time_shape(value):
+  if instance_key is not None or value.shape.is_fully_defined():
     return reduce(value, instance_key or keys.next(_signature(merge_op, value)))
   value = same_shape_everywhere(value, keys)
   flat, size, key = _in_size_class(merge_op, value, keys)
@@ -68,20 +59,15 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
   return total
 
 
-_REDUCED_WIDER = wire.REDUCED_WIDER
-
-
 def same_shape_everywhere(value: tf.Tensor, keys) -> tf.Tensor:
   """`value` once every worker's is found to have its shape; else an error on each.
 
-  Only values whose shape is known at run time only are checked.
-
-  Values of a shape known only at run time take their collective's key at run
-  time (`_in_size_class`): workers whose shapes differed would wait on
-  different keys forever. Their shapes travel first, in a collective of a
-  static shape (of unknown rank, their ranks first).
+  Only a value whose shape is known at run time only is checked: its
+  collective takes its key at run time (`_in_size_class`), and workers whose
+  shapes differed would wait on different keys forever. The shapes travel
+  first, in a collective of a static shape (of unknown rank, the ranks first).
   """
-  if not _run_time_shape(value):
+  if value.shape.is_fully_defined():
     return value
   shape = tf.shape(value, out_type=tf.int64)
   if value.shape.rank is None:
@@ -104,12 +90,8 @@ def _same_everywhere(value: tf.Tensor, figures: tf.Tensor, keys, what: str):
 
 
 def _in_size_class(kind: str, value: tf.Tensor, keys):
-  """`value` flattened and padded to its size class; its size; the class's key.
-
-  TensorFlow's collectives keep the shape they first had under an instance
-  key: one key per size class, so a collective of another size never reuses
-  one.
-  """
+  """`value` flattened and padded to its size class; its size; the class's key
+  (one per class: a key keeps the shape its collective first had)."""
   # Its own kind for the program check: a collective of this shape static on
   # another worker has another key there (a static one), and the dims alone
   # would match (an unknown dim matches any).
@@ -148,16 +130,9 @@ def _size_class(size: tf.Tensor):
   return padded, size_class
 
 
-def _run_time_shape(value: tf.Tensor) -> bool:
-  """Whether `value`'s collective takes its key at run time: some dim not static."""
-  return not value.shape.is_fully_defined()
-
-
 def _signature(kind: str, value: tf.Tensor):
-  """What workers must agree on for a collective: `(kind, dtype, static dims)`.
-
-  The dims are None where the rank is unknown, a dim None where it is.
-  """
+  """What workers must agree on for a collective: `(kind, dtype, static dims)`
+  (dims None where the rank is unknown, a dim None where it is)."""
   dims = tuple(value.shape.as_list()) if value.shape.rank is not None else None
   return kind, value.dtype.name, dims
 
@@ -169,51 +144,47 @@ def min_and_max_across_workers(value: tf.Tensor, keys,
   return both[0], -both[1]
 
 
-_GATHERED_AS_INT32 = wire.GATHERED_AS_INT32
-_GATHERED_AS_BITS = wire.GATHERED_AS_BITS
-
-
 def gather_workers(value: tf.Tensor, keys) -> tf.Tensor:
-  """Every worker's `value` concatenated along axis 0, in worker order.
-
-  Every worker's `value` must have the same shape (`gathering` pads parts
-  that differ).
-  """
+  """Every worker's `value`, of one shape on every worker (`gathering` pads
+  parts that differ), concatenated along axis 0 in worker order."""
   if keys is None or keys.num_workers == 1:
     return value
-  if value.dtype in _GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
+  if value.dtype in wire.GATHERED_AS_INT32:  # CollectiveGatherV2 has no kernel
     return tf.cast(gather_workers(tf.cast(value, tf.int32), keys), value.dtype)
   if value.dtype.is_complex:  # nor for these: (real, imaginary) pairs of floats
     pairs = gather_workers(tf.bitcast(value, value.dtype.real_dtype), keys)
     return tf.bitcast(pairs, value.dtype)
-  if value.dtype in _GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
-    signed = gather_workers(tf.bitcast(value, _GATHERED_AS_BITS[value.dtype]), keys)
+  if value.dtype in wire.GATHERED_AS_BITS:  # nor for these: their bits, as signed ints
+    signed = gather_workers(tf.bitcast(value, wire.GATHERED_AS_BITS[value.dtype]), keys)
     return tf.bitcast(signed, value.dtype)
-  if value.dtype == tf.bfloat16:  # CollectiveGatherV2 has no bfloat16 kernel
-    return _gather_bfloat16(value, keys)
 
   def gather(wire, key):
     return collective_ops.all_gather_v2(
         wire, group_size=keys.num_workers, group_key=keys.group_key,
         instance_key=key, communication_hint="ring", timeout=keys.timeout_s)
 
-  if value.shape.num_elements() == 0:  # TensorFlow's gather of empty tensors crashes
+  if value.dtype == tf.bfloat16:  # nor for bfloat16: pairs of them as int32 words
+    flat = tf.reshape(value, [-1])
+    size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
+    pairs = tf.reshape(tf.pad(flat, [[0, size % 2]]), [-1, 2])
+    words = gather_workers(tf.bitcast(pairs, tf.int32), keys)
+    rows = tf.reshape(tf.bitcast(words, tf.bfloat16), [keys.num_workers, -1])[:, :size]
+  elif value.shape.num_elements() == 0:  # TensorFlow's gather of empty tensors crashes
     done = gather(tf.zeros([1], value.dtype), keys.next(_signature("Gather", value)))
     with tf.control_dependencies([done]):
-      gathered = tf.zeros([keys.num_workers * value.shape[0]] + value.shape[1:],
-                          value.dtype)
-  elif not _run_time_shape(value):
-    gathered = gather(value, keys.next(_signature("Gather", value)))
+      return tf.zeros([keys.num_workers * value.shape[0]] + value.shape[1:], value.dtype)
+  elif value.shape.is_fully_defined():
+    return leading_times(gather(value, keys.next(_signature("Gather", value))), value,
+                          keys.num_workers)
   else:
     flat, size, key = _in_size_class("Gather", value, keys)
     rows = tf.reshape(gather(flat, key), [keys.num_workers, -1])[:, :size]
-    shape = tf.shape(value)
-    gathered = tf.reshape(rows, tf.concat([[keys.num_workers * shape[0]],
-                                           shape[1:]], 0))
-  return _leading_times(gathered, value, keys.num_workers)
+  shape = tf.shape(value)
+  gathered = tf.reshape(rows, tf.concat([[keys.num_workers * shape[0]], shape[1:]], 0))
+  return leading_times(gathered, value, keys.num_workers)
 
 
-def _leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
+def leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
   """`gathered` given the static shape the op loses: `value`'s, axis 0 x workers."""
   if value.shape.rank:
     leading = None if value.shape[0] is None else value.shape[0] * num_workers
@@ -221,25 +192,10 @@ def _leading_times(gathered: tf.Tensor, value: tf.Tensor, num_workers: int):
   return gathered
 
 
-def _gather_bfloat16(value: tf.Tensor, keys) -> tf.Tensor:
-  """`gather_workers` of bfloat16 values, as pairs bitcast to int32 words."""
-  flat = tf.reshape(value, [-1])
-  size = flat.shape[0] if flat.shape[0] is not None else tf.size(flat)
-  pairs = tf.reshape(tf.pad(flat, [[0, size % 2]]), [-1, 2])
-  words = gather_workers(tf.bitcast(pairs, tf.int32), keys)
-  halves = tf.reshape(tf.bitcast(words, tf.bfloat16), [keys.num_workers, -1])
-  shape = tf.shape(value)
-  gathered = tf.reshape(halves[:, :size],
-                        tf.concat([[keys.num_workers * shape[0]], shape[1:]], 0))
-  return _leading_times(gathered, value, keys.num_workers)
-
-
 def checked_min_and_max(values, keys, device: str):
-  """The elementwise min and max of the workers' int `values`, as lists, now.
-
-  One eager collective on a key of the checks' range (`next_check`), which
-  matches on every worker even where their programs' keys do not.
-  """
+  """The elementwise min and max of the workers' int `values`, as lists, now:
+  one eager collective on a key of the checks' range (`next_check`), which
+  matches on every worker even where their programs' keys do not."""
   with tf.device(device):
     low, high = min_and_max_across_workers(
         tf.constant(values, tf.int64), keys, instance_key=keys.next_check())

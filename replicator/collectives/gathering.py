@@ -1,11 +1,9 @@
 """All-gather: every replica's part, concatenated in replica order.
 
-On one worker the parts are concatenated in the step's graph. Across workers
-they may differ in size along the gathered axis (uneven batches, a different
-number of scattered rows on each worker), which TensorFlow's gather
-collective refuses by aborting every collective of the job for good. So,
-unless a part's shape is static (then it is every worker's), the workers first
-exchange their parts' shapes (one small collective for all such tensors of a
+Across workers the parts may differ in size along the gathered axis (uneven
+batches), which TensorFlow's gather collective answers by aborting every
+collective of the job. So, unless a part's shape is static (then it is every
+worker's), the workers first exchange their parts' shapes (one collective per
 call), check them, pad each part to the largest, gather, and drop the padding.
 """
 
@@ -28,57 +26,41 @@ def gather_part(part: tf.Tensor, axis: int) -> tf.Tensor:
 
 def all_gather(values: List[List[tf.Tensor]], axis: int,
                devices: Sequence[str], keys=None) -> List[List[tf.Tensor]]:
-  """Concatenates matching tensors of all replicas along `axis`, in replica order.
-
-  Across workers the parts may differ in size along `axis` only. Scalars are
-  gathered into a vector.
-  """
-  results = [[None] * len(values[0]) for _ in values]
-  across = keys is not None and keys.num_workers > 1
+  """Concatenates matching tensors of all replicas along `axis`, in replica order
+  (scalars into a vector); across workers the parts may differ in size along it."""
   with tf.device(devices[0]):
-    local = [tf.concat([gather_part(reductions.dense(r[index]), axis)
-                        for r in values], axis=axis)
-             for index in range(len(values[0]))]
-    gathered = _across_workers(local, axis, keys) if across else local
-    for index, value in enumerate(gathered):
-      for r, copy in enumerate(reductions.spread(value, devices)):
-        results[r][index] = copy
-  return results
-
-
-def _to_front(value: tf.Tensor, axis: int):
-  """`value` with `axis` moved first, and the permutation that undoes it."""
-  rank = value.shape.rank
-  if rank is None:
-    raise ValueError(
-        "value: all_gather across workers needs tensors of known rank, got one "
-        "of unknown rank (from tf.py_function, say); tf.ensure_shape it.")
-  first = axis % rank
-  if not first:
-    return value, None
-  order = [first] + [d for d in range(rank) if d != first]
-  return tf.transpose(value, order), [order.index(d) for d in range(rank)]
+    gathered = [tf.concat([gather_part(reductions.dense(r[index]), axis)
+                           for r in values], axis=axis)
+                for index in range(len(values[0]))]
+    if keys is not None and keys.num_workers > 1:
+      gathered = _across_workers(gathered, axis, keys)
+  return reductions.spread_each(gathered, devices)
 
 
 def _across_workers(local: List[tf.Tensor], axis: int, keys) -> List[tf.Tensor]:
-  fronts, inverses = zip(*[_to_front(value, axis) for value in local])
-  gathered = _gather_uneven(list(fronts), keys)
-  return [front if inverse is None else tf.transpose(front, inverse)
-          for front, inverse in zip(gathered, inverses)]
+  """`_gather_uneven` of `local` with `axis` moved first and back."""
+  fronts, orders = [], []
+  for value in local:
+    rank = value.shape.rank
+    if rank is None:
+      raise ValueError(
+          "value: all_gather across workers needs tensors of known rank, got one "
+          "of unknown rank (from tf.py_function, say); tf.ensure_shape it.")
+    order = [axis % rank] + [d for d in range(rank) if d != axis % rank]
+    fronts.append(tf.transpose(value, order) if axis % rank else value)
+    orders.append(order)
+  return [tf.transpose(front, [order.index(d) for d in range(len(order))])
+          if order[0] else front for front, order in zip(_gather_uneven(fronts, keys), orders)]
 
 
 def _gather_uneven(fronts: List[tf.Tensor], keys) -> List[tf.Tensor]:
   """Every worker's `fronts` concatenated along axis 0; sizes there may differ.
 
   A part of a static shape is that shape on every worker (the program check
-  compares static shapes, and a collective of a shape static on one worker
-  only is another kind to it): gathered at once. The other parts' shapes
-  travel first. Gathered in the parts' order, so that the program check sees
-  which is which.
-
-  The result's size is static where the part's is on this worker: a run-time
-  check makes every worker's part that size (the program check already made
-  every worker's static dims agree, with unknown ones as wildcards).
+  compares static shapes): gathered at once. The other parts' shapes travel
+  first. Gathered in the parts' order, so that the program check sees which is
+  which. The result's size is static where the part's is on this worker: a
+  run-time check makes every worker's part that size.
   """
   num_workers = keys.num_workers
   uneven = [not front.shape.is_fully_defined() for front in fronts]
@@ -125,8 +107,6 @@ def _gather_uneven(fronts: List[tf.Tensor], keys) -> List[tf.Tensor]:
       padded = tf.pad(front, padding + [[0, 0]] * (front.shape.rank - 1))
     rows = between_workers.gather_workers(padded, keys)
     kept = tf.reshape(tf.sequence_mask(sizes, most), [-1])
-    result = tf.boolean_mask(rows, kept)
-    leading = None if front.shape[0] is None else front.shape[0] * num_workers
-    result.set_shape([leading] + front.shape[1:])
-    out.append(result)
+    out.append(between_workers.leading_times(tf.boolean_mask(rows, kept), front,
+                                             num_workers))
   return out

@@ -1,11 +1,8 @@
-"""The collectives of the in-graph engine's replica, and their gradients.
+"""The collectives of the in-graph engine's replica (`ReplicaContext`), and their gradients.
 
-The in-graph engine traces every local replica into one graph, each in a
-thread of its own (`replica_context.ReplicaGroup`). A collective meets the
-other replicas at one rendezvous, where every replica's flat values are
-merged at once (`reductions`, `gathering`), and is differentiable: its
-gradient is a collective too. `replica_context.ReplicaContext`, the
-in-graph engine's `Replica`, has these as its methods (`InGraphCollectives`).
+A collective meets the other local replicas at one rendezvous, where every
+replica's flat values are merged at once (`reductions`, `gathering`); its
+gradient is a collective too.
 """
 
 import threading
@@ -21,11 +18,9 @@ from replicator.collectives import reductions
 ReduceOp = reduce_options.ReduceOp
 
 # Every collective's IdentityN (`_with_gradient`) is differentiated by one
-# gradient, registered once for the process: it calls the function kept for
-# that op in its graph's `_GRADIENTS` attribute. (A name registered per
-# collective would grow TensorFlow's gradient registry with every trace, and
-# keep every traced graph alive through the functions' closures; kept on the
-# graph, they go with it.)
+# gradient registered once, which calls the function kept for that op in its
+# graph's `_GRADIENTS` (one registered per collective would grow TensorFlow's
+# registry with every trace and keep every traced graph alive).
 _GRADIENT = "ReplicatorCollective"
 _GRADIENTS = "_replicator_collective_gradients"  # op name -> its gradient
 _gradients_lock = threading.Lock()
@@ -49,14 +44,9 @@ except KeyError:  # already, by this module before a reload: it finds the same
 
 
 class InGraphCollectives:
-  """The `Replica` collectives of `ReplicaContext`, on flat lists of tensors.
-
-  Each meets the other local replicas at `self.collective(name, flat,
-  merge)`, which pauses this replica's trace until every replica has reached
-  it, then gives this replica its part of `merge(every replica's flat)`.
-  `method` names the call in errors (`all_sum`), and `what` what it
-  collects, where that is not the tensors' count.
-  """
+  """The `Replica` collectives of `ReplicaContext`: each meets the other local
+  replicas at `self.collective(name, flat, merge)` and gets this replica's
+  part of `merge(every replica's flat)`."""
 
   def all_reduce(self, flat: List[tf.Tensor], op: ReduceOp,
                  options: reduce_options.AllReduceOptions, *,
@@ -85,18 +75,14 @@ class InGraphCollectives:
   def all_gather(self, flat: List[tf.Tensor], axis: int, *, method: str = "all_gather",
                  what: Optional[str] = None) -> List[tf.Tensor]:
     group = self.group
-
-    def merge(values):
-      return gathering.all_gather(values, axis, group.devices, keys=group.keys)
+    merge = lambda values: gathering.all_gather(values, axis, group.devices, keys=group.keys)
 
     def grad(xs, ys, summed_dys):
       del ys
-      # Each replica's part of the gathered gradient starts after the earlier
-      # replicas' parts, whose sizes may differ (allow_uneven_batches).
+      # This replica's part starts after the earlier replicas' parts, whose
+      # sizes may differ (allow_uneven_batches), statically too (rows picked by
+      # replica_id): found over the local replicas at trace time where they can be.
       parts = [gathering.gather_part(x, axis) for x in xs]
-      # Replicas trace apart, so a static size may differ between them (rows
-      # picked by replica_id): the starts are found over the local replicas,
-      # at trace time, where they can be.
       starts = self.collective(
           f"the static part sizes of {method}", parts,
           lambda values: _static_starts(values, axis, group.keys))
@@ -122,10 +108,8 @@ class InGraphCollectives:
   def broadcast(self, flat: List[tf.Tensor], source_replica: int, *,
                 method: str = "broadcast", what: Optional[str] = None) -> List[tf.Tensor]:
     group = self.group
-
-    def merge(values):
-      return reductions.broadcast(values, source_replica, group.devices, group.num_replicas,
-                                  group.first_replica_id, group.keys)
+    merge = lambda values: reductions.broadcast(values, source_replica, group.devices,
+                                                group.first_replica_id, group.keys)
 
     def grad(xs, ys, summed_dys):
       del xs, ys
@@ -137,35 +121,27 @@ class InGraphCollectives:
 
   def with_summed_gradient(self, name: str, forward: Callable, inputs: List[tf.Tensor],
                            grad_fn: Callable) -> List[tf.Tensor]:
-    """`forward(*inputs)`'s outputs, differentiated by `grad_fn` alone.
+    """As `Replica.with_summed_gradient`: the upstream gradients are summed in
+    one collective, and what `forward` computes is never differentiated
+    (`grad_fn` may run collectives, every replica in the same order)."""
+    xs = list(inputs)
+    outputs = [tf.convert_to_tensor(y) for y in forward(*xs)]
 
-    For a computation across replicas (one that holds collectives): its
-    outputs' upstream gradients are summed over every replica first, in one
-    collective, and `grad_fn(xs, ys, summed_dys)` gets this replica's float
-    inputs, its float outputs and their sums, and returns the float inputs'
-    gradients (it may run collectives of its own, every replica in the same
-    order). What `forward` computes in between is never differentiated.
-    """
-    def forward_and_backward(*xs):
-      outputs = forward(*xs)
+    def backward(*upstream):
+      upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
+                  for dy, y in zip(upstream, outputs)]
+      floats = [i for i, x in enumerate(xs) if x.dtype.is_floating]
+      float_outputs = [i for i, y in enumerate(outputs) if y.dtype.is_floating]
+      summed = self.collective(f"the gradient of {name}",
+                               [upstream[i] for i in float_outputs], self._summed)
+      grads = [None] * len(xs)
+      float_grads = grad_fn([xs[i] for i in floats],
+                            [outputs[i] for i in float_outputs], summed)
+      for i, grad in zip(floats, float_grads):
+        grads[i] = grad
+      return grads
 
-      def backward(*upstream):
-        upstream = [tf.zeros_like(y) if dy is None else tf.convert_to_tensor(dy)
-                    for dy, y in zip(upstream, outputs)]
-        floats = [i for i, x in enumerate(xs) if x.dtype.is_floating]
-        float_outputs = [i for i, y in enumerate(outputs) if y.dtype.is_floating]
-        summed = self.collective(f"the gradient of {name}",
-                                 [upstream[i] for i in float_outputs], self._summed)
-        grads = [None] * len(xs)
-        float_grads = grad_fn([xs[i] for i in floats],
-                              [outputs[i] for i in float_outputs], summed)
-        for i, grad in zip(floats, float_grads):
-          grads[i] = grad
-        return grads
-
-      return outputs, backward
-
-    return _with_gradient(forward_and_backward, list(inputs))
+    return _with_gradient(outputs, xs, backward)
 
   def _summed(self, values: List[List[tf.Tensor]]) -> List[List[tf.Tensor]]:
     """The merge of a sum over every replica (of gradients, of tie counts)."""
@@ -175,38 +151,28 @@ class InGraphCollectives:
 
   def _collective(self, label: str, what: Optional[str], flat: List[tf.Tensor], merge,
                   grad_fn, single: Callable[[], List[tf.Tensor]] = None):
-    """`merge` run over every replica's `flat`; differentiable.
-
-    The gradient of a collective is a collective of the upstream gradients:
-    `grad_fn(xs, ys, summed_dys)` gets this replica's float inputs, their
-    outputs and the sums over replicas of their upstream gradients, and
-    returns the inputs' gradients. So, as on one device with the whole batch,
-    a replica's input receives the gradient of every replica's loss
-    (cross-replica batch norm, losses over gathered values). On one replica
-    the collective is `single()` (by default the identity), checked and
-    shaped as on N.
+    """`merge` run over every replica's `flat`, differentiated by `grad_fn`
+    (`with_summed_gradient`): as on one device with the whole batch, a
+    replica's input receives the gradient of every replica's loss. On one
+    replica the collective is `single()` (by default the identity).
     """
     if self.num_replicas == 1:
       return flat if single is None else single()
     name = f"{label} of {what or f'{len(flat)} tensor(s)'}"
     if not any(x.dtype.is_floating for x in flat):
       return self.collective(name, flat, merge)
-
-    def forward(*inputs):
-      return self.collective(name, list(inputs), merge)
-
-    return self.with_summed_gradient(name, forward, flat, grad_fn)
+    return self.with_summed_gradient(
+        name, lambda *inputs: self.collective(name, list(inputs), merge), flat, grad_fn)
 
 
 def _static_starts(values, axis: int, keys):
   """Per local replica, where each of its parts starts in the gathered tensor.
 
   `values[r]`: local replica r's parts. None for every replica unless every
-  part's size along `axis` is static. With several workers, each worker's
-  concatenation of its replicas' parts must be fully static too: then
-  `gathering` gathered it at once, and the program check made its shape
-  every worker's, so the workers before this one hold that many rows each.
-  The same answer on every worker, as the sizes collective it saves must be.
+  part's size along `axis` is static and, with several workers, each worker's
+  concatenation of them is fully static too: `gathering` then gathered it at
+  once, and the program check made its shape every worker's. The same answer
+  on every worker, as the sizes collective it saves must be.
   """
   several = keys is not None and keys.num_workers > 1
   local_totals = []
@@ -230,32 +196,26 @@ def _static_starts(values, axis: int, keys):
           for r in range(len(values))]
 
 
-def _with_gradient(forward, inputs: List[tf.Tensor]) -> List[tf.Tensor]:
-  """`tf.custom_gradient(forward)(*inputs)` in a graph, without its variable search.
+def _with_gradient(outputs: List[tf.Tensor], inputs: List[tf.Tensor],
+                   backward) -> List[tf.Tensor]:
+  """`outputs` of `inputs`, differentiated by `backward`, as `tf.custom_gradient`
+  would give them in a graph, without its variable search.
 
   `tf.custom_gradient` walks the graph back from the outputs to the inputs to
-  find the variables read in between. A collective's outputs depend on every
-  replica's inputs, so that walk would go through every other replica's step
-  up to this point, once per collective: a large part of tracing a deep model
-  with cross-replica batch norm. A collective reads no variables: this does
-  what `tf.custom_gradient` does otherwise (an IdentityN whose gradient is
-  `backward`, for `tf.gradients`, and recorded so, for `tf.GradientTape`).
+  find the variables read in between: through every other replica's step, once
+  per collective (a large part of tracing a deep model with cross-replica batch
+  norm). A collective reads no variables: this is the rest of what it does (an
+  IdentityN whose gradient is `backward`, recorded on the tape too).
   """
-  outputs, backward = forward(*inputs)
-  outputs = [tf.convert_to_tensor(y) for y in outputs]
-
   def gradient(*upstream):  # IdentityN's gradients: outputs' (none), inputs'
     return [None] * len(outputs) + list(backward(*upstream[:len(outputs)]))
 
   graph = tf.compat.v1.get_default_graph()
   with graph.gradient_override_map({"IdentityN": _GRADIENT}):
-    both = tf.identity_n(outputs + list(inputs))
+    both = tf.identity_n(outputs + inputs)
   with _gradients_lock:  # (a graph has no __dict__ to setdefault in)
-    gradients = getattr(graph, _GRADIENTS, None)
-    if gradients is None:
-      gradients = {}
-      setattr(graph, _GRADIENTS, gradients)
-  gradients[both[0].op.name] = gradient
-  record.record_operation("replicator_collective", both, outputs + list(inputs),
-                          gradient)
+    if not hasattr(graph, _GRADIENTS):
+      setattr(graph, _GRADIENTS, {})
+  getattr(graph, _GRADIENTS)[both[0].op.name] = gradient
+  record.record_operation("replicator_collective", both, outputs + inputs, gradient)
   return both[:len(outputs)]

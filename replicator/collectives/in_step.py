@@ -1,9 +1,8 @@
 """Collectives as seen from inside a step: nests in, nests out, for this replica.
 
-Each checks its arguments and flattens the nest once, the same for every
-engine, then hands the flat tensors to the replica traced on this thread
-(`replica_context.current()`), which meets the other replicas at one
-collective, differentiable as on one device.
+Each checks its arguments and flattens the nest once for every engine, then
+hands the flat tensors to the replica traced on this thread
+(`replica_context.current()`).
 """
 
 import numbers
@@ -83,7 +82,8 @@ def reduce_scatter(value, op=reduce_options.ReduceOp.SUM, method: str = "reduce_
   if op not in (reduce_options.ReduceOp.SUM, reduce_options.ReduceOp.MEAN):
     raise ValueError(
         f"{method}: op must be ReduceOp.SUM or ReduceOp.MEAN, got ReduceOp.{op.name}. "
-        f"For this replica's slice of the {_EXTREMES[op]}, slice "
+        f"For this replica's slice of the "
+        f"{'maximum' if op is reduce_options.ReduceOp.MAX else 'minimum'}, slice "
         f"all_{op.name.lower()}(value) by repl.replica_id.")
   replica = current_replica(method)
   flat = _flatten(value, f"{method}({op.name})")
@@ -95,9 +95,6 @@ def reduce_scatter(value, op=reduce_options.ReduceOp.SUM, method: str = "reduce_
                      f"tensor {index} of the {len(flat)} in the value"
                      if len(flat) > 1 else "the value")
   return tf.nest.pack_sequence_as(value, replica.reduce_scatter(flat, op, method=method))
-
-
-_EXTREMES = {reduce_options.ReduceOp.MAX: "maximum", reduce_options.ReduceOp.MIN: "minimum"}
 
 
 def _check_divisible(x: tf.Tensor, num_replicas: int, method: str, where: str):

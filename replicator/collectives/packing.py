@@ -1,15 +1,11 @@
-"""Buckets: many tensors reduced as one, then given back without copies.
+"""Buckets: many tensors reduced as one, then cut back out of the sum without copies.
 
-A bucket is its tensors flattened and concatenated, so that one collective
-reduces them all. After the reduction each tensor is cut back out of the sum.
 `tf.split` of a 1-D tensor copies every byte; a `tf.slice` whose start and end
-fall on TensorFlow's 64-byte buffer alignment shares the sum's buffer instead
-(SliceOp's aligned fast path; checked on the CPU only). So in a bucket of large
-tensors each tensor starts on that alignment (zeros pad the gaps; they add up
-to zeros) and comes back as a slice, which copies nothing (see
-benchmarks/RESULTS.md, item 3). A slice costs an op per tensor, more than
-copying a tensor of a few kilobytes, so a bucket of small tensors is cut out
-by one split.
+fall on TensorFlow's 64-byte buffer alignment shares the sum's buffer (SliceOp's
+aligned fast path; checked on the CPU only). So in a bucket of large tensors
+each starts on that alignment (zeros pad the gaps) and comes back as a slice; a
+bucket of small tensors, where an op per tensor costs more than the copy, is cut
+out by one split (benchmarks/RESULTS.md, item 3).
 """
 
 import dataclasses
@@ -24,12 +20,11 @@ _SLICE_MIN_MEAN_BYTES = 64 * 1024  # below, one split copies faster than slicing
 def buckets(tensors: Sequence[tf.Tensor], pack_bytes: int) -> List[List[int]]:
   """Groups tensor indices by dtype into buckets of at most `pack_bytes`.
 
-  Buckets are filled from the last tensor backwards and returned in that
-  order: gradients arrive last layer first, and collectives between workers
-  run one after another in the order they are built, so the first bucket on
-  the wire is the first one ready and it crosses while the backward pass goes
-  on (as PyTorch DDP and MultiWorkerMirroredStrategy order them). The
-  remainder bucket, the smallest, goes last.
+  Filled from the last tensor backwards and returned in that order: gradients
+  arrive last layer first and collectives between workers run in the order
+  they are built, so the first bucket on the wire is the first ready and
+  crosses during the backward pass (as PyTorch DDP and
+  MultiWorkerMirroredStrategy order them).
   """
   by_dtype = {}
   for index in reversed(range(len(tensors))):
@@ -38,8 +33,7 @@ def buckets(tensors: Sequence[tf.Tensor], pack_bytes: int) -> List[List[int]]:
   for indices in by_dtype.values():
     current, current_bytes = [], 0
     for index in indices:
-      size = tensors[index].shape.num_elements()
-      nbytes = (size or 0) * tensors[index].dtype.size
+      nbytes = (tensors[index].shape.num_elements() or 0) * tensors[index].dtype.size
       if current and current_bytes + nbytes > pack_bytes:
         groups.append(current)
         current, current_bytes = [], 0

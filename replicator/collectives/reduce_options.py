@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
+
 class ReduceOp(enum.Enum):
   """How values from different replicas are combined."""
   SUM = "sum"
@@ -25,10 +26,6 @@ class Compression(enum.Enum):
   NONE = None
   BF16 = tf.bfloat16
   FP16 = tf.float16
-
-
-# Buckets in flight by default, where a host has a core per worker.
-BUCKETS_IN_FLIGHT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +57,12 @@ class AllReduceOptions:
       an accuracy option, not a speed one (TensorFlow's gather over gRPC is
       slower than a float32 all-reduce; see benchmarks/RESULTS.md).
     buckets_in_flight: multi-worker: how many buckets' collectives may cross
-      at once (in the order the buckets fill, last layer first). Bucket i
-      waits only for bucket i - k, so k rings run side by side: TensorFlow
-      moves each ring's bytes through gRPC on a few threads, and side by side
-      they use more of a worker's cores, so a host with cores to spare
-      all-reduces faster than with one bucket at a time. None (the
-      default): 2, or 1 where this host runs more of the job's workers than
-      it has cores: there rings side by side compete for the cores, and one
-      at a time is faster (benchmarks/RESULTS.md, item 3).
+      at once (bucket i waits only for bucket i - k, in the order the buckets
+      fill). TensorFlow moves each ring's bytes through gRPC on a few threads,
+      so k rings side by side use more of a host's cores. None (the default):
+      2, or 1 where this host runs more of the job's workers than it has
+      cores, and rings side by side compete for them (benchmarks/RESULTS.md,
+      item 3).
     timeout_s: multi-worker: a worker that does not answer the heartbeat for
       half this long counts as lost, and every other worker raises
       `WorkerLost` (a busy worker still answers). The constructor waits at
@@ -84,16 +79,13 @@ class AllReduceOptions:
     workers than cores)."""
     if self.buckets_in_flight is not None:
       return self.buckets_in_flight
-    return 1 if crowded else BUCKETS_IN_FLIGHT
+    return 1 if crowded else 2
 
   def __post_init__(self):
-    if (not isinstance(self.pack_bytes, int) or isinstance(self.pack_bytes, bool)
-        or self.pack_bytes <= 0):
-      raise ValueError(
-          f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
-    if self.buckets_in_flight is not None and (
-        not isinstance(self.buckets_in_flight, int)
-        or isinstance(self.buckets_in_flight, bool) or self.buckets_in_flight < 1):
+    positive_int = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0
+    if not positive_int(self.pack_bytes):
+      raise ValueError(f"pack_bytes: expected a positive int, got {self.pack_bytes!r}.")
+    if self.buckets_in_flight is not None and not positive_int(self.buckets_in_flight):
       raise ValueError(
           f"buckets_in_flight: expected a positive int or None (2, or 1 on a host "
           f"with more workers than cores), got {self.buckets_in_flight!r}; 1 sends "
@@ -151,19 +143,17 @@ def check_reducible(tensors: Sequence[tf.Tensor], op: ReduceOp,
     raise TypeError(
         f"op: ReduceOp.{op.name} of booleans; use ReduceOp.MAX (any replica) or "
         "ReduceOp.MIN (every replica), or cast to a number first.")
-  if op is ReduceOp.MEAN and not all(t.dtype.is_floating or t.dtype.is_complex
-                                     for t in tensors):
-    bad = next(t for t in tensors if not (t.dtype.is_floating or t.dtype.is_complex))
+  not_floats = [t for t in tensors if not (t.dtype.is_floating or t.dtype.is_complex)]
+  if op is ReduceOp.MEAN and not_floats:
     raise TypeError(
-        f"op: ReduceOp.MEAN needs floating values, got {bad.dtype.name}; cast "
+        f"op: ReduceOp.MEAN needs floating values, got {not_floats[0].dtype.name}; cast "
         "first or use ReduceOp.SUM.")
-  if op in (ReduceOp.MAX, ReduceOp.MIN):
-    for t in tensors:
-      if t.dtype.is_complex:
-        raise TypeError(
-            f"{method}: {t.dtype.name} values have no order, so ReduceOp."
-            f"{op.name} is undefined for them; reduce tf.math.real, tf.math.imag "
-            "or tf.abs of them instead.")
+  complex_ = [t for t in tensors if t.dtype.is_complex]
+  if op in (ReduceOp.MAX, ReduceOp.MIN) and complex_:
+    raise TypeError(
+        f"{method}: {complex_[0].dtype.name} values have no order, so ReduceOp."
+        f"{op.name} is undefined for them; reduce tf.math.real, tf.math.imag "
+        "or tf.abs of them instead.")
 
 
 def check_same_shapes(values: List[List[tf.Tensor]], method: str,

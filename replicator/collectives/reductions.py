@@ -1,12 +1,11 @@
 """The all-reduce core: reductions over the per-replica values of one step.
 
-Every function here takes `values`, a list with one entry per local replica
-(each a flat list of tensors with matching shapes and dtypes), and returns one
-such list per replica, placed on that replica's device. The step traces every
-replica into one graph, so a reduction is a handful of in-graph ops: no
-rendezvous, no transport of our own.
+Each takes `values`, one flat list of tensors per local replica (matching
+shapes and dtypes), and returns one such list per replica, on its device: a
+handful of ops in the step's graph, which holds every replica.
 """
 
+import functools
 from typing import List, Sequence
 
 import tensorflow as tf
@@ -22,111 +21,92 @@ from replicator.collectives.reduce_options import ReduceOp
 
 
 def spread(value: tf.Tensor, devices: Sequence[str]) -> List[tf.Tensor]:
-  out = []
-  for device in devices:
-    with tf.device(device):
-      out.append(tf.identity(value))
-  return out
+  return _on_devices(tf.identity, [value] * len(devices), devices)
+
+
+def spread_each(tensors: Sequence[tf.Tensor], devices: Sequence[str]) -> List[List[tf.Tensor]]:
+  """Every one of `tensors` on each device: one list of them per device."""
+  copies = [spread(t, devices) for t in tensors]
+  return [[each[r] for each in copies] for r in range(len(devices))]
 
 
 def dense(value):
-  if isinstance(value, tf.IndexedSlices):
-    return tf.convert_to_tensor(value)
-  return value
-
-
-_NCCL_DTYPES = wire.CARRIES[wire.NCCL]
+  return tf.convert_to_tensor(value) if isinstance(value, tf.IndexedSlices) else value
 
 
 def _gpus_split() -> bool:
-  """Whether a physical GPU holds several logical GPUs of this process.
-
-  NCCL refuses two ranks on one GPU ("NCCL: invalid usage"), so sums between
-  such GPUs are an `add_n` on the first, as MirroredStrategy also avoids NCCL
-  there.
-  """
+  """Whether a physical GPU holds several logical GPUs of this process, where
+  NCCL refuses two ranks on one GPU ("NCCL: invalid usage"), as
+  MirroredStrategy also avoids it."""
   return (len(tf.config.list_logical_devices("GPU"))
           > len(tf.config.list_physical_devices("GPU")))
 
 
 def _by_nccl(devices: Sequence[str], dtype: tf.DType = tf.float32) -> bool:
-  """Whether a sum of `dtype` over these local replicas is NCCL's all-reduce:
-  several GPUs, each a physical GPU of its own, and a dtype NCCL takes. Else
-  it is an `add_n` on the first device, whatever the dtype."""
+  """Whether a sum of `dtype` over these local replicas is NCCL's (several GPUs,
+  each a physical GPU of its own, and a dtype NCCL takes), not an `add_n`."""
   return (len(devices) > 1 and all("GPU" in d.upper() for d in devices)
-          and dtype in _NCCL_DTYPES and not _gpus_split())
+          and wire.carried(wire.NCCL, dtype) and not _gpus_split())
 
 
 def merged_by_collectives(devices: Sequence[str], keys=None) -> bool:
-  """Whether a sum over these replicas takes collective kernels (NCCL between
-  GPUs, a ring between workers), each a launch or a round trip, rather than an
-  `add_n` in the graph."""
+  """Whether a sum over these replicas takes collective kernels (NCCL, a ring
+  between workers: each a launch or a round trip) rather than an `add_n`."""
   return _by_nccl(devices) or (keys is not None and keys.num_workers > 1)
 
 
 def _sum(parts: List[tf.Tensor], options: AllReduceOptions,
-         devices: Sequence[str], keys=None, ordering_token=None,
-         finish=None, finish_on_each_device: bool = False) -> List[tf.Tensor]:
+         devices: Sequence[str], keys, ordering_token,
+         finish, finish_on_each_device: bool) -> List[tf.Tensor]:
   """Sums `parts` (one per local replica) over every replica of the job.
 
-  Returns `finish(sum)` (the sum where `finish` is None) on each local
-  replica's device; the sum is in the parts' dtype (float32 for compressed
-  parts with `options.sum_in_float32`). On several GPUs of one worker the sum
-  is NCCL's all-reduce, finished on each GPU (`_by_nccl`: not for bfloat16,
-  nor between logical GPUs of one GPU); elsewhere an `add_n`, then one
-  collective between workers, finished once on the first device and then
-  handed to the others (or, `finish_on_each_device`, handed on and then
-  finished on each).
+  Returns `finish(sum)` on each local replica's device; the sum is in the
+  parts' dtype (float32 for compressed parts with `options.sum_in_float32`).
+  On several GPUs of one worker the sum is NCCL's (`_by_nccl`), finished on
+  each GPU; elsewhere an `add_n`, then one collective between workers,
+  finished once on the first device and handed on (or,
+  `finish_on_each_device`, handed on and finished on each).
   """
-  finish = finish or (lambda total: total)
+  wide = options.sum_in_float32 and parts[0].dtype.is_floating  # compressed parts
   if _by_nccl(devices, parts[0].dtype) and (
-      keys is None or keys.num_workers == 1) and not (
-      options.sum_in_float32 and parts[0].dtype.is_floating):
+      keys is None or keys.num_workers == 1) and not wide:
     return _on_devices(finish, nccl_ops.all_sum(_on_devices(tf.identity, parts, devices)),
                        devices)
   with tf.device(devices[0]):
-    if options.sum_in_float32 and parts[0].dtype.is_floating:  # compressed parts
-      total = _sum_wide(parts, devices[0], keys)
+    if wide:
+      total = _sum_wide(parts, keys)
     else:
       total = parts[0] if len(parts) == 1 else tf.add_n(parts)
       total = between_workers.across_workers(total, "Add", keys,
                                              ordering_token=ordering_token)
-    if not finish_on_each_device:
-      total = finish(total)
-  if finish_on_each_device:
-    return _on_devices(finish, spread(total, devices), devices)
-  return spread(total, devices)
+    if finish_on_each_device:
+      return _on_devices(finish, spread(total, devices), devices)
+    return spread(finish(total), devices)
 
 
-
-def _sum_wide(parts, device, keys) -> tf.Tensor:
+def _sum_wide(parts, keys) -> tf.Tensor:
   """The float32 sum of compressed `parts` and of the other workers' sums."""
-  with tf.device(device):
-    local_sum = lambda: tf.add_n([tf.cast(p, tf.float32) for p in parts])
-    if keys is None or keys.num_workers == 1:
-      return local_sum()
-    # Several local replicas: their float32 sum is rounded once to travel.
-    mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
-    mine = between_workers.same_shape_everywhere(mine, keys)
-    gathered = between_workers.gather_workers(mine, keys)
-    total = tf.reshape(tf.reduce_sum(
-        tf.reshape(tf.cast(gathered, tf.float32), [keys.num_workers, -1]), 0),
-                       tf.shape(mine))  # a single tensor is not packed flat
-    total.set_shape(mine.shape)
-    return total
+  local_sum = lambda: tf.add_n([tf.cast(p, tf.float32) for p in parts])
+  if keys is None or keys.num_workers == 1:
+    return local_sum()
+  # Several local replicas: their float32 sum is rounded once to travel.
+  mine = parts[0] if len(parts) == 1 else tf.cast(local_sum(), parts[0].dtype)
+  mine = between_workers.same_shape_everywhere(mine, keys)
+  gathered = between_workers.gather_workers(mine, keys)
+  total = tf.reshape(tf.reduce_sum(
+      tf.reshape(tf.cast(gathered, tf.float32), [keys.num_workers, -1]), 0),
+                     tf.shape(mine))  # a single tensor is not packed flat
+  total.set_shape(mine.shape)
+  return total
 
 
 def _lanes(count: int, num_buckets: int, device: str, keys) -> list:
   """The ordering token of each of `count` lanes, or None where there is one lane.
 
   A collective waits for the previous one of its lane only
-  (`AllReduceOptions.buckets_in_flight`). A token is a resource handle that
-  nothing reads: the handle of a variable that never exists.
-
-  Safe because collectives between workers take the gRPC ring
-  (`between_workers`), whose instance keys let lanes finish in any order on
-  each worker. NCCL between workers would need one launch order on every
-  worker: lanes would then have to go.
+  (`AllReduceOptions.buckets_in_flight`). A token is the handle of a variable
+  that never exists. Safe because the gRPC ring's instance keys let lanes
+  finish in any order on each worker (NCCL between workers would not).
   """
   if count == 1 or num_buckets == 1 or keys is None or keys.num_workers == 1:
     return [None]
@@ -176,86 +156,68 @@ def all_reduce(values: List[List[tf.Tensor]], op: ReduceOp,
   if not first:
     return [[] for _ in values]
   check_reducible(first, op)
-  results = [[None] * len(first) for _ in values]
-  if op in (ReduceOp.SUM, ReduceOp.MEAN):
-    packable = all(t.shape.is_fully_defined() for t in first)
-    groups = (packing.buckets(first, options.pack_bytes) if packable
-              else [[i] for i in range(len(first))])
-    lanes = _lanes(options.lanes(getattr(keys, "crowded", False)), len(groups),
-                   devices[0], keys)
-    for number, group in enumerate(groups):
-      dtype = first[group[0]].dtype
-      narrow = options.compression.value if dtype.is_floating else None
-      narrowed = lambda t: t if narrow is None else tf.cast(t, narrow)
-      wire = narrow or dtype
-      layout = packing.Layout.of([first[i].shape for i in group], wire)
-      divide_first = _divides_first(op, wire, options)
-      flat = []
-      for replica, device in zip(values, devices):
-        with tf.device(device):  # narrowed where it lives, so it travels narrow
-          packed = packing.pack([narrowed(replica[i]) for i in group], layout)
-          if divide_first:
-            packed = packed / tf.constant(num_replicas, wire)
-          flat.append(packed)
-      divide_after = op is ReduceOp.MEAN and not divide_first
-
-      def finish(total, dtype=dtype, divide_after=divide_after):
-        # A compressed sum is widened whole, then unpacked: one cast of the
-        # bucket costs less than one per tensor, and the layout's alignment
-        # holds in the wider dtype, so the pieces stay slices. Done once
-        # where the replicas share one sum, before it is handed on; after, on
-        # each GPU, where the narrow sum crosses between GPUs.
-        if divide_after:
-          return _divided(total, num_replicas, dtype)
-        return total if total.dtype == dtype else tf.cast(total, dtype)
-
-      totals = _sum(flat, options, devices, keys, lanes[number % len(lanes)],
-                    finish=finish,
-                    finish_on_each_device=wire != dtype and any(
-                        "GPU" in device.upper() for device in devices[1:]))
-      for r, (device, total) in enumerate(zip(devices, totals)):
-        with tf.device(device):
-          pieces = packing.unpack(total, layout)
-        for index, piece in zip(group, pieces):
-          results[r][index] = piece
-  else:
-    combine, merge_op = ((tf.maximum, "Max") if op is ReduceOp.MAX
-                         else (tf.minimum, "Min"))
+  if op in (ReduceOp.MAX, ReduceOp.MIN):
+    is_max = op is ReduceOp.MAX
+    totals = []
     with tf.device(devices[0]):
       for index in range(len(first)):
-        boolean = first[index].dtype == tf.bool
-        pairwise = combine
-        if boolean:  # max: any replica, min: every replica
-          pairwise = tf.logical_or if op is ReduceOp.MAX else tf.logical_and
-        total = values[0][index]
-        for replica in values[1:]:
-          total = pairwise(total, replica[index])
-        total = between_workers.across_workers(total, merge_op, keys)
-        for r, copy in enumerate(spread(total, devices)):
-          results[r][index] = copy
+        if first[index].dtype == tf.bool:  # max: any replica, min: every replica
+          pairwise = tf.logical_or if is_max else tf.logical_and
+        else:
+          pairwise = tf.maximum if is_max else tf.minimum
+        total = functools.reduce(pairwise, [replica[index] for replica in values])
+        totals.append(between_workers.across_workers(total, "Max" if is_max else "Min", keys))
+    return spread_each(totals, devices)
+  results = [[None] * len(first) for _ in values]
+  packable = all(t.shape.is_fully_defined() for t in first)
+  groups = (packing.buckets(first, options.pack_bytes) if packable
+            else [[i] for i in range(len(first))])
+  lanes = _lanes(options.lanes(getattr(keys, "crowded", False)), len(groups),
+                 devices[0], keys)
+  for number, group in enumerate(groups):
+    dtype = first[group[0]].dtype
+    wire = (options.compression.value if dtype.is_floating else None) or dtype
+    layout = packing.Layout.of([first[i].shape for i in group], wire)
+    divide_first = _divides_first(op, wire, options)
+    flat = []
+    for replica, device in zip(values, devices):
+      with tf.device(device):  # narrowed where it lives, so it travels narrow
+        packed = packing.pack([tf.cast(replica[i], wire) for i in group], layout)
+        if divide_first:
+          packed = packed / tf.constant(num_replicas, wire)
+        flat.append(packed)
+
+    def finish(total, dtype=dtype, divide=op is ReduceOp.MEAN and not divide_first):
+      # A compressed sum is widened whole, then unpacked (one cast, not one per
+      # tensor; the layout's alignment holds in the wider dtype): before it is
+      # handed on, or on each GPU where the narrow sum crosses between GPUs.
+      return _divided(total, num_replicas, dtype) if divide else tf.cast(total, dtype)
+
+    totals = _sum(flat, options, devices, keys, lanes[number % len(lanes)],
+                  finish=finish,
+                  finish_on_each_device=wire != dtype and any(
+                      "GPU" in device.upper() for device in devices[1:]))
+    for r, (device, total) in enumerate(zip(devices, totals)):
+      with tf.device(device):
+        pieces = packing.unpack(total, layout)
+      for index, piece in zip(group, pieces):
+        results[r][index] = piece
   return results
 
 
 def broadcast(values: List[List[tf.Tensor]], source_replica: int,
-              devices: Sequence[str], num_replicas: int = None,
-              first_replica_id: int = 0, keys=None) -> List[List[tf.Tensor]]:
-  """Gives every replica the values of replica `source_replica` (a global id)."""
-  num_replicas = num_replicas or len(values)
-  if not 0 <= source_replica < num_replicas:
-    raise ValueError(
-        f"source_replica: must be in [0, {num_replicas}), got {source_replica}.")
+              devices: Sequence[str], first_replica_id: int = 0,
+              keys=None) -> List[List[tf.Tensor]]:
+  """Gives every replica the values of replica `source_replica` (a global id,
+  one of the job's: `in_step.broadcast` checks it)."""
   local = source_replica - first_replica_id
-  results = [[None] * len(values[0]) for _ in values]
-  for index in range(len(values[0])):
-    if keys is None or keys.num_workers == 1:
-      value = dense(values[local][index])
-    else:  # the source's worker contributes its value, the others zeros
-      with tf.device(devices[0]):
-        mine = 0 <= local < len(values)
-        value = dense(values[local if mine else 0][index])
-        if not mine:
-          value = tf.zeros_like(value)
-        value = between_workers.across_workers(value, "Add", keys)
-    for r, copy in enumerate(spread(value, devices)):
-      results[r][index] = copy
-  return results
+  if keys is None or keys.num_workers == 1:
+    return spread_each([dense(value) for value in values[local]], devices)
+  mine = 0 <= local < len(values)
+  sent = []
+  with tf.device(devices[0]):  # the source's worker contributes its values, the others zeros
+    for value in values[local if mine else 0]:
+      value = dense(value)
+      sent.append(between_workers.across_workers(
+          value if mine else tf.zeros_like(value), "Add", keys))
+  return spread_each(sent, devices)

@@ -1,20 +1,13 @@
 """The replica interface: which replica's step is being traced, on either engine.
 
 `Replica` is what the collectives (`in_step`), the patches, `nn` and the
-optimizers ask of the replica whose part of a step is traced on this thread;
-`current()` returns it, whichever engine entered it (`entered`). The strategy
-engine's is `engines.strategy.collectives.StrategyReplica`, where
-`tf.distribute` traces the step; the in-graph engine's is `ReplicaContext`
-below.
-
-The in-graph engine traces a step once per local replica into one graph. Each
-replica is traced in its own thread so that a collective can pause it until
-every replica has reached the same collective; the collective is then built
-from all replicas' values at once (`ReplicaGroup`, `in_graph`). Threads run one
-at a time, in replica order, so graph construction is deterministic.
-
-`writing_locally` marks the updates that go straight to each replica's own copy
-(the optimizer's, whose inputs are already identical on every replica).
+optimizers ask of the replica traced on this thread; `current()` returns it,
+whichever engine entered it. The strategy engine's is
+`engines.strategy.collectives.StrategyReplica`; the in-graph engine's is
+`ReplicaContext`, whose `ReplicaGroup` traces each local replica in a thread
+of its own and pauses it at a collective until every replica has reached it.
+Threads run one at a time, in replica order, so graph construction is
+deterministic.
 """
 
 import contextlib
@@ -33,21 +26,19 @@ _local = threading.local()
 class Replica(Protocol):
   """The replica whose part of a step is being traced on this thread.
 
-  The collectives take and return flat lists of tensors (`in_step` checks
-  the arguments and handles nests), one result per input, and are
-  differentiable as their public forms are. `method` names the call in
-  errors (`all_sum`); `what`, where given, says what the tensors are (in the
-  in-graph engine's errors about where replicas met, instead of their count).
+  The collectives take and return flat lists of tensors (`in_step` checks the
+  arguments and handles nests), one result per input, differentiable.
+  `method` names the call in errors (`all_sum`); `what`, where given, what the
+  tensors are (instead of their count, where the in-graph replicas meet).
 
   Attributes:
     num_replicas: replicas in the step, on every worker.
     function_copies: where the `tf.function`s that step_fn calls keep a copy
       per replica for this step's trace (`patches.nested_functions`).
-    in_tf_distribute_context: whether the step is traced in a
-      `tf.distribute` replica context of its replicas, where code written for
-      tf.distribute acts across them itself (a Keras optimizer sums the
-      gradients it is given and merges its updates); False where
-      `tf.distribute` sees the default context of one replica.
+    in_tf_distribute_context: whether the step is traced in a `tf.distribute`
+      replica context of its replicas, where code written for tf.distribute
+      acts across them itself (a Keras optimizer sums its gradients and merges
+      its updates); False where it sees the default context of one replica.
   """
   num_replicas: int
   function_copies: Dict[Any, Any]
@@ -62,9 +53,8 @@ class Replica(Protocol):
     None where one trace serves every replica (a TPU's)."""
 
   def static_local_index(self) -> Optional[int]:
-    """This replica's index among this worker's replicas (which of a
-    replicated variable's copies its trace holds) where the trace is this
-    replica's alone; None where one trace serves every replica."""
+    """This replica's index among this worker's replicas (which copy of a
+    replicated variable it holds) where the trace is this replica's alone, else None."""
 
   def all_reduce(self, flat: List[tf.Tensor], op: reduce_options.ReduceOp,
                  options: reduce_options.AllReduceOptions, *,
@@ -85,14 +75,10 @@ class Replica(Protocol):
                      what: Optional[str] = None) -> List[tf.Tensor]:
     """This replica's slice of each tensor's SUM or MEAN over the replicas.
 
-    Replica r gets rows r * k to (r + 1) * k - 1 (axis 0) of the reduction,
-    k the rows over `num_replicas` (`in_step` checks that they divide). Here
-    the reduction is this replica's `all_reduce` and the slice is taken by
-    replica id (at run time where one trace serves every replica): a
-    reduce-scatter's result, with an all-reduce's traffic, and the gradient
-    of both (each replica's input gets every replica's upstream slice, in
-    replica order, divided by the replicas for a MEAN). An engine with a
-    reduce-scatter of its own may override it.
+    Replica r gets rows r * k to (r + 1) * k - 1 (axis 0), k the rows over
+    `num_replicas` (`in_step` checks that they divide): this replica's
+    `all_reduce` sliced by replica id, with an all-reduce's traffic and
+    gradient. An engine with a reduce-scatter of its own may override it.
     """
     reduced = self.all_reduce(flat, op, reduce_options.AllReduceOptions(),
                               method=method, what=what)
@@ -108,14 +94,12 @@ class Replica(Protocol):
 
   def with_summed_gradient(self, name: str, forward: Callable[..., List[tf.Tensor]],
                            inputs: List[tf.Tensor], grad_fn: Callable) -> List[tf.Tensor]:
-    """`forward(*inputs)`, a computation across replicas, with its gradient.
-
-    `grad_fn(xs, ys, summed_dys)` is that gradient written out: given this
-    replica's float inputs, its float outputs and the sums over the replicas
-    of their upstream gradients, the float inputs' gradients. A replica whose
-    collectives differentiate themselves may differentiate `forward` instead:
-    the same values. `name` names the computation in errors.
-    """
+    """`forward(*inputs)`, a computation across replicas, with its gradient
+    written out: `grad_fn(xs, ys, summed_dys)` maps this replica's float
+    inputs, its float outputs and the sums over the replicas of their upstream
+    gradients to the float inputs' gradients. A replica whose collectives
+    differentiate themselves may differentiate `forward` instead (the same
+    values). `name` names the computation in errors."""
 
 
 def current() -> Optional[Replica]:
@@ -141,11 +125,8 @@ def local_writes() -> bool:
 
 @contextlib.contextmanager
 def writing_locally():
-  """Inside, variable updates skip cross-replica aggregation.
-
-  The optimizer uses it: its inputs are already identical on every replica, so
-  each replica applies the same update to its own copy.
-  """
+  """Inside, variable updates skip cross-replica aggregation (the optimizer's,
+  whose inputs are already identical on every replica)."""
   previous = local_writes()
   _local.local_writes = True
   try:
@@ -162,18 +143,8 @@ class ReplicaContext(in_graph.InGraphCollectives, Replica):
   index: int  # local replica index
 
   in_tf_distribute_context = False
-
-  @property
-  def num_replicas(self) -> int:
-    return self.group.num_replicas
-
-  @property
-  def function_copies(self) -> Dict[Any, Any]:
-    return self.group.function_copies
-
-  @property
-  def device(self) -> str:
-    return self.group.devices[self.index]
+  num_replicas = property(lambda self: self.group.num_replicas)
+  function_copies = property(lambda self: self.group.function_copies)
 
   def replica_id(self) -> tf.Tensor:
     return tf.constant(self.static_replica_id(), tf.int32, name="replica_id")
@@ -210,10 +181,9 @@ class ReplicaGroup:
     num_replicas: replicas in the whole job.
     keys: a `multiworker.cluster.CollectiveKeys` when replicas span
       several workers.
-    trace: the engine's state of this step's trace, which the group carries
-      for the replicas' threads and reads only through `StepTrace` (the
-      in-graph engine's `variables.deferred.StepWrites`); None where nothing
-      but collectives is traced.
+    trace: the engine's state of this step's trace, carried for the replicas'
+      threads and read only through `StepTrace`
+      (`variables.deferred.StepWrites`); None where only collectives are traced.
   """
 
   def __init__(self, devices: Sequence[str], first_replica_id: int,
@@ -234,15 +204,10 @@ class ReplicaGroup:
     self.last_collective = None  # the name of the last collective the replicas met at
     self.trace = trace
 
-  @property
-  def num_local(self) -> int:
-    return len(self.devices)
-
   def run(self, fn: Callable, args_per_replica: Sequence[Sequence[Any]],
           replica_scope: Callable[[int], Any]) -> List[Any]:
     """Returns `[fn(*args_per_replica[r]) for r in local replicas]`, traced."""
-    self.step_graph = tf.compat.v1.get_default_graph()
-    graph = self.step_graph
+    graph = self.step_graph = tf.compat.v1.get_default_graph()
     name_scope = graph.get_name_scope()
     # Variable creators are kept per thread (tf.function's own among them, which
     # makes variables it cannot make outside the trace); as MirroredStrategy's
@@ -253,27 +218,28 @@ class ReplicaGroup:
             target=self._trace_replica,
             args=(r, fn, args_per_replica[r], graph, name_scope, replica_scope, creators),
             name=f"replicator-replica-{r}", daemon=True)
-        for r in range(self.num_local)
+        for r in range(len(self.devices))
     ]
     for thread in threads:
       thread.start()
     try:
       return self._drive()
     finally:
-      self._abort()
+      self._aborted = True
+      for event in self._resume:
+        event.set()
       for thread in threads:
         thread.join()
 
   def _drive(self) -> List[Any]:
     while True:
-      for r in range(self.num_local):
+      for r in range(len(self.devices)):
         self._resume[r].set()
         self._paused.acquire()
-      kinds = [arrival[0] for arrival in self._arrivals]
       for arrival in self._arrivals:
         if arrival[0] == "error":
           raise arrival[1]
-      if all(kind == "done" for kind in kinds):
+      if all(arrival[0] == "done" for arrival in self._arrivals):
         outputs = [arrival[1] for arrival in self._arrivals]
         if self.trace is not None:
           self.trace.all_returned(outputs)
@@ -322,19 +288,12 @@ class ReplicaGroup:
       raise _Aborted()
     return self._results[index]
 
-  def _abort(self):
-    self._aborted = True
-    for event in self._resume:
-      event.set()
-
 
 def _check_not_nested(name):
-  """Refuses a collective inside a `tf.function` that step_fn called.
-
-  Only XLA-compiled ones get that far (`patches.nested_functions` inlines the
-  others): each replica traces its own copy into a graph of its own, and a
-  collective cannot join values from several graphs.
-  """
+  """Refuses a collective inside a `tf.function` that step_fn called (only
+  XLA-compiled ones get here; `patches.nested_functions` inlines the others):
+  each replica traces its own copy, and a collective cannot join values from
+  several graphs."""
   replica = current()
   step_graph = replica.group.step_graph if replica else None
   for graph in _graph_and_outers(tf.compat.v1.get_default_graph()):

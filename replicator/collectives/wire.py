@@ -1,25 +1,17 @@
-"""What each transport carries, and how a value of another dtype travels on it.
+"""What each transport's kernel carries, and how a value of another dtype travels on it.
 
-Every collective ends on one of TensorFlow's kernels, and each takes only
-some dtypes. This module is the one place that says which, for both
-engines, and encodes a value that a transport does not carry so that it
-arrives exact:
+The one place, for both engines, that says which dtypes each kernel takes:
+`TPU_SUM` (a TPU's `cross_replica_sum`, under `TPUStrategy`'s all-reduce and
+all-gather; the strategy engine treats its stand-in as a TPU, so the suite
+executes the encodings a TPU traces), `NCCL` (between physical GPUs), and
+between workers (`CollectiveReduceV2` / `CollectiveGatherV2`: `REDUCED_WIDER`,
+`GATHERED_AS_INT32`, `GATHERED_AS_BITS`).
 
-- `TPU_SUM`: a TPU's replica-context all-reduce (`cross_replica_sum`, which
-  `TPUStrategy` uses for `all_reduce`, `all_gather` and everything built on
-  them). The strategy engine treats its stand-in as a TPU too, so the suite
-  executes the encodings a TPU traces.
-- `COLLECTIVE_REDUCE`, `COLLECTIVE_GATHER`: between workers
-  (`CollectiveReduceV2`, `CollectiveGatherV2`; `between_workers`).
-- `NCCL`: between physical GPUs (`NcclAllReduce`; `reductions`).
-
-The encodings (`exact_sum`, `gather_words`, `to_words` / `from_words`):
-a narrow integer is summed as int32 and cast back (it wraps as its own
-arithmetic does); a 64-bit integer as four 16-bit limbs in int32 (exact for
-up to 32,768 replicas) recombined in 64-bit arithmetic; a gather or a
-broadcast moves each value's bits as 32-bit words, so every dtype, inf and
-NaN included, arrives bit for bit (a TPU's own `all_gather` multiplies by a
-one-hot mask, which turns inf into NaN).
+The encodings arrive exact: a narrow integer is summed as int32 and cast back
+(it wraps as its own arithmetic does); a 64-bit integer as four 16-bit limbs
+in int32 (exact for up to 32,768 replicas); a gather or a broadcast moves
+each value's bits as 32-bit words, so inf and NaN arrive bit for bit (a TPU's
+own `all_gather` multiplies by a one-hot mask, which turns inf into NaN).
 """
 
 from typing import Callable
@@ -27,8 +19,6 @@ from typing import Callable
 import tensorflow as tf
 
 TPU_SUM = "cross_replica_sum"
-COLLECTIVE_REDUCE = "CollectiveReduceV2"
-COLLECTIVE_GATHER = "CollectiveGatherV2"
 NCCL = "NcclAllReduce"
 
 CARRIES = {
@@ -37,10 +27,6 @@ CARRIES = {
     # the suite executes what a TPU traces.
     TPU_SUM: frozenset({tf.bfloat16, tf.float16, tf.float32, tf.float64,
                         tf.int32}),
-    COLLECTIVE_REDUCE: frozenset({tf.bfloat16, tf.float16, tf.float32,
-                                  tf.float64, tf.int32, tf.int64}),
-    COLLECTIVE_GATHER: frozenset({tf.float16, tf.float32, tf.float64, tf.int32,
-                                  tf.int64}),
     NCCL: frozenset({tf.float16, tf.float32, tf.float64, tf.int32, tf.int64}),
 }
 

@@ -57,8 +57,7 @@ class _Collectives:
   def broadcast(self, flat, source):
     group = self._replica.group
     return self._collective(flat, lambda values: reductions.broadcast(
-        values, source, group.devices, group.num_replicas, group.first_replica_id,
-        group.keys))
+        values, source, group.devices, group.first_replica_id, group.keys))
 
 
 class ReplicatedVariable(tf.Variable, core.Tensor):
