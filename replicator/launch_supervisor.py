@@ -42,11 +42,6 @@ def describe_exit(status: int) -> str:
   return f"exited with code {status} (killed by {name})"
 
 
-def exit_code(status: int) -> int:
-  """The launcher's exit code for a worker's `Popen.returncode`, as a shell gives it."""
-  return status if status >= 0 else 128 - status
-
-
 class Terminal:
   """Writes whole lines to `out` from several threads, one line at a time."""
 
@@ -229,7 +224,7 @@ def supervise(command: Sequence[str], make_envs: Callable[[int], List[dict]],
       group.drain()
       group.print_tail(index)
       if not restarting:
-        return exit_code(status)
+        return status if status >= 0 else 128 - status  # as a shell gives it
       group = _WorkerGroup(terminal, tee_all, log_dir)
   except KeyboardInterrupt:
     terminal.launcher("interrupted (SIGINT); stopping the workers.")
