@@ -54,8 +54,7 @@ class Replicator:
       self._keys = cluster.CollectiveKeys(mesh.num_workers, mesh.worker_index,
                                              timeout_s=0)
       self._keys.crowded = cluster.host_is_crowded(mesh)
-      self._placement = tuple(cluster.device_name(mesh.worker_index, d)
-                              for d in mesh.local_devices)
+      self._placement = tuple(mesh.devices[r] for r in mesh.local_replica_ids)
       self._peers = peers.Peers(mesh, self._keys, self._placement[0],
                                 all_reduce.timeout_s)
     else:

@@ -8,7 +8,6 @@ authenticated: run them on a trusted network only.
 import itertools
 import os
 import threading
-from typing import Optional
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
@@ -19,12 +18,6 @@ from replicator import mesh as mesh_lib
 from replicator.mesh import Mesh
 
 _JOB = mesh_lib.JOB
-
-
-def device_name(worker_index: int, local_device: str) -> str:
-  return mesh_lib.worker_device(worker_index, local_device)
-
-
 _connected = None
 
 
@@ -105,17 +98,6 @@ FIRST_GROUP_KEY = 1 << 24  # far from tf.distribute's (from 1)
 _group_keys = itertools.count(FIRST_GROUP_KEY)
 
 
-def next_group_key() -> int:
-  """A collective group key of its own for each replicator of the process.
-
-  TensorFlow matches collectives by group and instance key; each replicator
-  counts instance keys from 1, so two replicators of one process (or a
-  replicator and `MultiWorkerMirroredStrategy`) need groups of their own. The
-  workers create their replicators in the same order, so the keys match.
-  """
-  return next(_group_keys)
-
-
 class CollectiveKeys:
   """Instance keys for cross-worker collectives.
 
@@ -137,12 +119,15 @@ class CollectiveKeys:
   _CLASSES_PER_SLOT = 1 << 12
   _SLOTS = ((1 << 30) - (1 << 29)) // _CLASSES_PER_SLOT
 
-  def __init__(self, num_workers: int, worker_index: int, timeout_s: float,
-               group_key: Optional[int] = None):
+  def __init__(self, num_workers: int, worker_index: int, timeout_s: float):
     self.num_workers = num_workers
     self.worker_index = worker_index
     self.timeout_s = timeout_s
-    self.group_key = next_group_key() if group_key is None else group_key
+    # TensorFlow matches collectives by group and instance key, and each
+    # replicator counts instance keys from 1: each replicator of the process
+    # takes a group of its own. Workers make their replicators in the same
+    # order, so the groups match.
+    self.group_key = next(_group_keys)
     self.issued = 0  # keys given out by `next`
     self.shape_slots = 0  # slots given out by `key_for_size_class`
     # This host runs more of the job's workers than it has cores
