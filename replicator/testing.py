@@ -30,14 +30,8 @@ def merges_as_collectives():
 def tpu_engine_on_cpus(num_replicas: int = 2):
   """A `TpuReplicator` on the strategy engine, over `num_replicas` logical CPUs.
 
-  `TpuReplicator(num_tpu_cores_per_worker=num_replicas, emulate_on_cpu=True)`:
-  the engine `TpuReplicator()` runs on a TPU, with a stand-in for
-  `TPUStrategy`, Sonnet's `Replicator` (a `MirroredStrategy`) over logical
-  CPU devices (1, 2, 4 or 8, as a TPU host has cores). Each step is compiled
-  with XLA before its first run, as a TPU compiles it, so a step a TPU cannot
-  compile fails here too. What the stand-in cannot show: the TPU's own
-  compiler and memory, and `TPUStrategy`'s host loop (docs/design.md, "The
-  strategy engine").
+  `TpuReplicator(num_tpu_cores_per_worker=num_replicas, emulate_on_cpu=True)`,
+  the TPU emulator (1, 2, 4 or 8 replicas, as a TPU host has cores).
 
   >>> repl = tpu_engine_on_cpus(2)
   >>> repl.num_replicas
@@ -51,27 +45,14 @@ def tpu_engine_on_cpus(num_replicas: int = 2):
 def tpu_engine_on_fake_tpu(num_cores: int = 8, num_hosts: int = 1):
   """A `TpuReplicator` on TensorFlow's real `TPUStrategy`, over a fake TPU.
 
-  The TPU exists only as metadata (`FakeTpuResolver`): no TPU, no TPU
-  kernels. `TPUStrategy` and Sonnet's `TpuReplicator` are built on it as on a
-  Colab TPU, its variables are real `TPUDistributedVariable`s (packed, with
-  the TPU's variable policies), and `run` traces the whole call exactly as
-  the TPU's host would: the loop of `steps`, `strategy.run` inside the TPU's
-  replicate context, every collective as `cross_replica_sum`, the merges of
-  every write, the optimizer. It then returns zeros of the traced shapes and
-  dtypes instead of executing (executing needs the TPU's kernels:
-  `TPUReplicatedInput` has none on a CPU), so the values that come back,
-  and the variables after a step, say nothing. Variables are made eagerly,
-  every core's copy on the CPU, so their initial values and what a
-  checkpoint restores into them are real; but `TPUStrategy`'s own writes
-  outside a step (`variable.assign` through its packed handle) find copies
-  by device, and reach only the first copy here, where all share one.
-
-  What a trace shows: a step a TPU's host cannot build (a dtype
-  `cross_replica_sum` refuses, a gradient lost in `TPUStrategy`'s variables,
-  a call TPUStrategy forbids in its replicate context). What it cannot
-  show: the TPU compiler's verdict (a dynamic shape, an op with no TPU
-  kernel), memory, numerics and execution; `tpu_engine_on_cpus` executes
-  the same engine, and `python -m benchmarks.checks.tpu_check` checks it on a TPU.
+  The TPU exists only as metadata (`FakeTpuResolver`): `TPUStrategy` and its
+  packed `TPUDistributedVariable`s are real, and `run` traces the whole call
+  as a TPU's host would, then returns zeros of the traced shapes and dtypes
+  instead of executing (a CPU has no TPU kernels). Variables are made
+  eagerly, every core's copy on the CPU, so initial values and restores are
+  real; `TPUStrategy`'s own writes outside a step reach only the first copy.
+  A trace shows what a TPU's host cannot build; the TPU compiler's verdict,
+  memory and numerics it cannot (docs/design.md, "The strategy engine").
 
   Args:
     num_cores: TPU cores per host (1, 2, 4 or 8).

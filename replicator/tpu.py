@@ -76,27 +76,19 @@ class TpuReplicator(base.Replicator):
   """Replicas on the cores of a TPU, or emulated on the CPU.
 
   On a TPU (a Cloud TPU VM, a TPU Node, Colab) the steps run on
-  `tf.distribute`'s `TPUStrategy` (Sonnet's `TpuReplicator`), through the
-  strategy engine (`replicator.engines.strategy`), with the semantics of the
-  other replicators; docs/design.md, "The strategy engine", says where it
-  differs. Not run on a TPU by this project: `python -m benchmarks.checks.tpu_check`
-  checks it there.
+  `tf.distribute`'s `TPUStrategy` (Sonnet's `TpuReplicator`) through the
+  strategy engine, with the other replicators' semantics; docs/design.md, "The
+  strategy engine", says where it differs. Not run on a TPU by this project:
+  `python -m benchmarks.checks.tpu_check` checks it there.
 
-  With `emulate_on_cpu=True` the same strategy engine runs on the CPU, on a
-  stand-in for `TPUStrategy`: Sonnet's `Replicator` (a `MirroredStrategy`)
-  over `num_tpu_cores_per_worker` logical CPU devices, one per core, with its
-  collectives in the replica's context as on a TPU. Before a step's first run
-  it is compiled with XLA to HLO, as a TPU compiles it, so a step that cannot
-  compile with static shapes fails on a laptop first; then TensorFlow's
-  kernels execute it, one thread per replica. XLA on CPU accepts some ops a
-  TPU rejects (dynamic-shape ops such as `tf.boolean_mask`), and the TPU's
-  own compiler, memory and host loop are not there, so passing the emulator
-  is necessary, not sufficient. `tf.print` in a step fails here too (XLA has
-  no print kernel), with an error that says to return the values instead.
-  TensorFlow fixes its devices when it starts: make the replicator before any
+  With `emulate_on_cpu=True` the same engine runs on a stand-in for
+  `TPUStrategy` over logical CPU devices, one per core, each step compiled with
+  XLA to HLO before its first run, as a TPU compiles it: a step that cannot
+  compile with static shapes fails on a laptop first. Necessary, not
+  sufficient: XLA on a CPU accepts some ops a TPU rejects, and the TPU's own
+  compiler, memory and host loop are not there. Make the replicator before any
   TensorFlow op runs, or split the CPU first
-  (`replicator.testing.configure_logical_cpus(n)`, the examples'
-  `--cpu_replicas n`).
+  (`replicator.testing.configure_logical_cpus(n)`).
 
   Args:
     num_workers: TPU hosts: 1, or as many as the TPU found has (a pod slice,

@@ -1,14 +1,4 @@
-"""What `input_fn` is given, and inputs that need telling apart.
-
-`InputContext` is `input_fn`'s argument: this worker's part of the input and,
-on a resumed job, how far the input had gone. A step runs only when every
-replica has a batch and all are one size, so a plain
-`ds.batch(b, drop_remainder=True)` loses the last examples of an evaluation
-set: `pad_to_global_batch` pads them instead and says which rows are real.
-`allow_uneven_batches` marks a dataset whose batch sizes vary on purpose,
-`skipped_by_input_fn` one that `input_fn` has already moved past the batches a
-checkpoint says were taken.
-"""
+"""What `input_fn` is given (`InputContext`), and what marks or pads the datasets it returns."""
 
 import math
 from typing import Optional

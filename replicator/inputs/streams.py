@@ -3,9 +3,7 @@
 An input is an `input_fn` object, started at its first run and again after a
 reset or a restore. Its position (steps taken since it started) is what a
 checkpoint keeps, under a name (`positions_lib.input_name`) that a resumed script
-finds again. Each replica takes one element of the dataset a step, as
-`tf.distribute` gives them: a per-replica batch, or an element of any rank
-(`Dataset.range(n)` gives replica 0 the 0, replica 1 the 1, then 2 and 3).
+finds again.
 """
 
 import functools
@@ -21,14 +19,16 @@ from replicator.mesh import Mesh
 
 
 def warn_if_new_each_call(step_fn, input_fn, compiled):
-  """A new `input_fn` object per call restarts the data: say so, once.
+  """Says once that a new `input_fn` object per call restarts the data, and once
+  that a new `step_fn` object per call compiles the step again.
 
-  `compiled`: the `(step_fn, input_fn)` pairs the replicator has compiled.
+  Function objects made from the same code (a lambda or a nested function
+  written inside the training loop, a new `functools.partial`) are told apart
+  by identity, as `tf.function` tells them. `compiled`: the `(step_fn,
+  input_fn)` pairs the replicator has compiled.
   """
-  if input_fn is None:
-    return
-  count = sum(1 for s, i in compiled if s is step_fn and i is not None)
-  if count == 3:
+  if input_fn is not None and sum(
+      1 for s, i in compiled if s is step_fn and i is not None) == 3:
     logging.warning(
         "replicator: run(%s, input_fn) got a third different input_fn object. "
         "Each new input_fn (for example a lambda written inside the training "
@@ -36,17 +36,6 @@ def warn_if_new_each_call(step_fn, input_fn, compiled):
         "the step again. Define input_fn once, outside the loop, unless you "
         "mean to restart the data (reset_input does that).",
         errors.name_of(step_fn))
-
-
-def warn_if_step_fn_new_each_call(step_fn, compiled):
-  """A new `step_fn` object per call compiles the step again: say so, once.
-
-  Function objects made from the same code (a lambda or a nested function
-  written inside the training loop, a new `functools.partial`) are told apart
-  by identity, as `tf.function` tells them, so each is compiled anew (tens of
-  milliseconds to seconds) and kept. `compiled`: the `(step_fn, input_fn)`
-  pairs the replicator has compiled.
-  """
   function = _unwrapped(step_fn)
   code = getattr(function, "__code__", None)
   if code is None:
@@ -68,20 +57,6 @@ def _unwrapped(fn):
   while isinstance(fn, functools.partial):
     fn = fn.func
   return fn
-
-
-def _dataset(input_fn, ctx, check_dataset):
-  """`(input_fn(ctx), whether input_fn skipped the steps ctx says were taken)`,
-  checked."""
-  dataset = input_fn(ctx)
-  if not isinstance(dataset, tf.data.Dataset):
-    raise TypeError(
-        f"input_fn: {errors.name_of(input_fn)} returned "
-        f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
-        "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
-  check_dataset(dataset, input_fn)
-  return dataset, input_context.check_skipped_by_input_fn(dataset, ctx,
-                                                         errors.name_of(input_fn))
 
 
 class InputStreams:
@@ -145,11 +120,23 @@ class InputStreams:
     key = self.key(input_fn)
     self._claim_saved_positions(key)
     taken = self._skip.get(key, 0)
-    ctx = input_context.InputContext(
-        num_input_pipelines=self._mesh.num_workers,
-        input_pipeline_id=self._mesh.worker_index,
-        num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
-    dataset, skipped = _dataset(input_fn, ctx, check_dataset)
+
+    def made(pipelines: int, index: int):
+      """`(input_fn's dataset for input pipeline `index` of `pipelines`, whether
+      input_fn skipped the steps taken)`, checked."""
+      ctx = input_context.InputContext(pipelines, index, self._mesh.num_replicas,
+                                       steps_taken=taken)
+      dataset = input_fn(ctx)
+      if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"input_fn: {errors.name_of(input_fn)} returned "
+            f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
+            "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
+      check_dataset(dataset, input_fn)
+      return dataset, input_context.check_skipped_by_input_fn(dataset, ctx,
+                                                             errors.name_of(input_fn))
+
+    dataset, skipped = made(self._mesh.num_workers, self._mesh.worker_index)
     if input_context.allows_uneven_batches(dataset):
       self._uneven_inputs.add(input_fn)
     if expected_spec is not None and dataset.element_spec != expected_spec:
@@ -166,10 +153,7 @@ class InputStreams:
     def for_host(host: int, hosts: int, replicas_per_host: int) -> tf.data.Dataset:
       """The dataset of one host of several that one process feeds (a TPU pod
       slice): `input_fn` called with that host's context."""
-      host_ctx = input_context.InputContext(
-          num_input_pipelines=hosts, input_pipeline_id=host,
-          num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
-      host_dataset, host_skipped = _dataset(input_fn, host_ctx, check_dataset)
+      host_dataset, host_skipped = made(hosts, host)
       if host_dataset.element_spec != dataset.element_spec:
         raise ValueError(
             f"input_fn: {errors.name_of(input_fn)} gave host {host} elements "

@@ -105,43 +105,36 @@ class Peers:
                             loss.reason) from error
 
   def send_initial_values(self, variables, steps_completed: int):
-    """Gives every worker the chief's initial values of `variables`.
-
-    `steps_completed`: as for `merge`.
-    """
-    try:
-      self._send_from_chief(variables)
-    except tf.errors.OpError as error:
-      self.raise_if_lost(error, steps_completed)
-      raise
-
-  def _send_from_chief(self, variables):
     """Every copy of `variables` takes the chief's first copy's value.
 
     Eagerly, and packed as gradients are: a few collectives, not one per
     variable (a ResNet-50 and its optimizer make about 530), and no function
     to trace and optimize, which would cost a large model's first call more
-    than the values' travel does.
+    than the values' travel does. `steps_completed`: as for `merge`.
     """
-    fixed = [v for v in variables if v.shape.is_fully_defined()]
-    with tf.device(self._device):
-      values = [variable.replicas[0].read_value() for variable in fixed]
-      fixed, values = self._differing(fixed, values)
-      if not self._mesh.is_chief:
-        values = [tf.zeros_like(value) for value in values]
-      synced = [None] * len(values)
-      for group in packing.buckets(values, _SYNC_PACK_BYTES):
-        layout = packing.Layout.of([values[i].shape for i in group], values[group[0]].dtype)
-        total = between_workers.across_workers(
-            packing.pack([values[i] for i in group], layout), "Add", self._keys)
-        for i, value in zip(group, packing.unpack(total, layout)):
-          synced[i] = value
-    for variable, value in zip(fixed, synced):
-      for copy in variable.replicas:
-        copy.assign(value)
-    varying = [v for v in variables if not v.shape.is_fully_defined()]
-    if varying:  # (shape=[None]): in a function, where their shapes travel first
-      self._send_varying_from_chief(varying)
+    try:
+      fixed = [v for v in variables if v.shape.is_fully_defined()]
+      with tf.device(self._device):
+        values = [variable.replicas[0].read_value() for variable in fixed]
+        fixed, values = self._differing(fixed, values)
+        if not self._mesh.is_chief:
+          values = [tf.zeros_like(value) for value in values]
+        synced = [None] * len(values)
+        for group in packing.buckets(values, _SYNC_PACK_BYTES):
+          layout = packing.Layout.of([values[i].shape for i in group], values[group[0]].dtype)
+          total = between_workers.across_workers(
+              packing.pack([values[i] for i in group], layout), "Add", self._keys)
+          for i, value in zip(group, packing.unpack(total, layout)):
+            synced[i] = value
+      for variable, value in zip(fixed, synced):
+        for copy in variable.replicas:
+          copy.assign(value)
+      varying = [v for v in variables if not v.shape.is_fully_defined()]
+      if varying:  # (shape=[None]): in a function, where their shapes travel first
+        self._send_varying_from_chief(varying)
+    except tf.errors.OpError as error:
+      self.raise_if_lost(error, steps_completed)
+      raise
 
   def _differing(self, variables, values):
     """Those of `variables` (and their `values`) that some worker holds otherwise.
