@@ -127,7 +127,7 @@ class Replicator:
 
   def random_generator(self, seed: int):
     """A random generator that gives each replica its own stream from `seed`
-    (`tf.random.Generator`'s methods, drawn in a step)."""
+    (`tf.random.Generator`'s methods, drawn in a step; a `Checkpointer` saves it)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
       raise TypeError(f"seed: expected an int, got {seed!r}.")
     return self._engine.random_generator(seed)
@@ -258,13 +258,10 @@ class Replicator:
     """Makes each input start after the steps a checkpoint recorded.
 
     `saved` is shared by every replicator the checkpoint is restored into;
-    this one claims the record of the first input it runs afterwards that a
-    record names (`SavedPositions.claim`), so each replicator resumes the
-    inputs it runs. Inputs started before the restore start again at their
-    next use, from the checkpoint's position (the beginning if it has none).
-    Exact when the record's topology is this job's and the input is
-    deterministic; otherwise the same number of steps is skipped and a
-    warning says so.
+    this one claims the record that names the first input it runs afterwards
+    (`SavedPositions.claim`). Inputs started before the restore start again at
+    their next use, from the checkpoint's position (the beginning if it has
+    none).
     """
     self._inputs.resume(saved)
 

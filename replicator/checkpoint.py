@@ -34,16 +34,12 @@ class Checkpointer:
   step saved before) leaves the previous checkpoint restorable, on a local
   disk or on object storage (`tf.io.gfile` paths). A replicated variable is
   saved once, so a checkpoint restores on any number of replicas or workers.
-  It also keeps how many steps each input of each replicator has taken; on
-  restore each replicator's inputs continue from there (exactly on the same
-  topology with a deterministic input_fn; on another topology the same number
-  of steps is skipped, with a warning). Create the replicators before
-  `restore_latest`. `repl.random_generator(seed)` can be saved too.
-
-  A name given here that the checkpoint lacks is an error on restore (nothing
-  would be restored into it); a name in the checkpoint that is not given here
-  is skipped with a warning. An optimizer saved wrapped (`wrap_optimizer`'s
-  result) restores into the optimizer it wraps, and the other way round.
+  It also keeps how many steps each input of each replicator has taken, and
+  each replicator's inputs continue from there (exactly on the same topology
+  with a deterministic input_fn; elsewhere the same number of steps is
+  skipped, with a warning): create the replicators before `restore_latest`.
+  An optimizer saved wrapped (`wrap_optimizer`'s result) restores into the
+  optimizer it wraps, and the other way round.
 
   >>> import tempfile
   >>> counter = tf.Variable(3)
@@ -168,12 +164,11 @@ class Checkpointer:
   def restore_latest(self, *, allow_missing=(), fall_back: bool = False) -> Optional[int]:
     """Restores the newest complete checkpoint; returns its step (None if none).
 
-    The step returned is the number `save` was given: the steps completed, so
-    `start = checkpointer.restore_latest() or 0` then `range(start, n)` goes on
-    without repeating a step; `start == n` means the run had finished.
-
+    The step is the number `save` was given, the steps completed:
+    `range(restore_latest() or 0, n)` goes on without repeating a step.
     Variables that do not exist yet (modules built on first call, optimizer
-    slots) get their values when they are created.
+    slots) get their values when they are created. A name in the checkpoint
+    that was not given to the constructor is skipped with a warning.
 
     Args:
       allow_missing: names given to the constructor that the checkpoint may

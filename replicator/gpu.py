@@ -70,9 +70,6 @@ class MultiGpuReplicator(base.Replicator):
       count `python -m replicator.launch --devices-per-worker` gives, else
       every logical CPU that exists (one, unless configured).
 
-  On a CPU-only machine, `MultiGpuReplicator(cpu_replicas=2).num_replicas`
-  is 2; with one GPU it is 1.
-
   Workers talk through TensorFlow's gRPC collectives, which are not
   authenticated: run them on a trusted network only. Create the replicator
   before running any TensorFlow op, so that it can start the worker's server.
@@ -85,7 +82,7 @@ class MultiGpuReplicator(base.Replicator):
                                      not isinstance(cpu_replicas, int) or
                                      cpu_replicas < 1):
       raise ValueError(f"cpu_replicas: expected an int >= 1, got {cpu_replicas!r}.")
-    logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)  # set by replicator.launch
+    logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)
     if cpu_replicas is None and logical_cpus:
       if not tf.config.list_physical_devices("GPU"):
         mesh_lib.configure_logical_cpus(int(logical_cpus))

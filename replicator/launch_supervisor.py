@@ -175,11 +175,7 @@ class _WorkerGroup:
 
 
 class _Stopped(Exception):
-  """The launcher got SIGTERM or SIGHUP."""
-
-  def __init__(self, signum: int):
-    super().__init__(signum)
-    self.signum = signum
+  """The launcher got SIGTERM or SIGHUP (the signal's number is `args[0]`)."""
 
 
 def _raise_stopped(signum, unused_frame):
@@ -231,10 +227,11 @@ def supervise(command: Sequence[str], make_envs: Callable[[int], List[dict]],
     group.stop()
     return 128 + signal.SIGINT
   except _Stopped as stopped:
-    terminal.launcher(f"got signal {stopped.signum} ({signal.Signals(stopped.signum).name}); "
+    signum = stopped.args[0]
+    terminal.launcher(f"got signal {signum} ({signal.Signals(signum).name}); "
                       "stopping the workers.")
     group.stop()
-    return 128 + stopped.signum
+    return 128 + signum
   finally:
     for s, handler in handlers.items():
       signal.signal(s, handler)

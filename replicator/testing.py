@@ -98,15 +98,13 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
     self._num_cores = num_cores
     self._num_hosts = num_hosts
 
-  def _job(self):
-    return "localhost" if self._num_hosts == 1 else "worker"
-
   def get_tpu_system_metadata(self):
     # pylint: disable=import-outside-toplevel
     from tensorflow.python.client import session
     from tensorflow.python.tpu import topology as topology_lib
     from tensorflow.python.tpu import tpu_system_metadata
     cores, hosts = self._num_cores, self._num_hosts
+    job = "localhost" if hosts == 1 else "worker"
     used = _HOST_COORDINATES[:cores]
     mesh = [max(c[i] for c in used) + 1 for i in range(4)]
     coordinates = np.array(
@@ -117,7 +115,7 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
                                      device_coordinates=coordinates)
     devices = []
     for host in range(hosts):
-      task = f"/job:{self._job()}/replica:0/task:{host}"
+      task = f"/job:{job}/replica:0/task:{host}"
       devices += [session._DeviceAttributes(f"{task}/device:TPU:{i}", "TPU", 0, 0)  # pylint: disable=protected-access
                   for i in range(cores)]
       devices.append(session._DeviceAttributes(f"{task}/device:CPU:0", "CPU", 0, 0))  # pylint: disable=protected-access
@@ -129,9 +127,6 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
     del task_type, task_id, rpc_layer
     return ""
 
-  def get_master(self):
-    return ""
-
   def cluster_spec(self):
     if self._num_hosts == 1:
       return tf.train.ClusterSpec({})
@@ -139,19 +134,11 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
                                             for h in range(self._num_hosts)]})
 
   def get_job_name(self):
-    return self._job() if self._num_hosts > 1 else None
-
-  @property
-  def task_type(self):
-    return None
+    return "worker" if self._num_hosts > 1 else None
 
   @property
   def task_id(self):
     return 0
-
-  @property
-  def environment(self):
-    return ""
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     del task_type, task_id, config_proto

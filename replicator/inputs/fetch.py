@@ -215,23 +215,17 @@ class BatchFetcher:
   def fetch(self, iterator, steps=None, pending=None, signum=None):
     """Takes one element per local replica: `(optionals, status)`.
 
-    Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
-    as can be in the loop. Elsewhere it is READY when every replica, on every
-    worker, got a batch and all those batches are the same size; else
-    OUT_OF_DATA, or UNEVEN when every replica got a batch but of different
-    sizes. The mean over replicas weights every replica's batch alike, so a
-    step with a short last batch on some replicas would not be the step of one
-    replica on the whole batch: such a step does not run, unless the input
-    allows uneven batches (`replicator.allow_uneven_batches`). Sizes are
-    compared at run time only where the batch size is not static; between
-    workers always, in the one collective that also says whether every worker
-    got data, so that every worker runs the same collectives whatever its
-    dataset's shapes. Given `steps` and `pending` (on several workers), that
-    collective also compares the workers' `steps` (STEPS_DIFFER where they
-    differ) and the digests of the variables each made in `repl.context()`
-    since its last run (VARIABLES_DIFFER). Given `signum` (this worker's stop
-    flag, on several workers: 0 or a signal's number), a READY status is LAST
-    plus the largest of the workers'.
+    Where batches cannot be uneven (`sizes_to_compare`), `status` is a bool
+    (true: ready), as cheap as can be in the loop. Elsewhere it is READY when
+    every replica, on every worker, got a batch and all are one size; else
+    OUT_OF_DATA, or UNEVEN when the sizes differ (`allow_uneven_batches` says
+    why such a step does not run). Workers compare always, in one collective,
+    so that every worker runs the same collectives whatever its dataset's
+    shapes; given `steps` and `pending`, it also compares the workers' `steps`
+    (STEPS_DIFFER) and the digests of the variables each made in
+    `repl.context()` since its last run (VARIABLES_DIFFER). Given `signum`
+    (this worker's stop flag: 0 or a signal's number), READY becomes LAST plus
+    the largest of the workers'.
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))

@@ -132,15 +132,9 @@ def decide(trouble: Dict[int, Trouble], answered: Dict[int, float], now: float, 
 class Heartbeat:
   """Checks every peer's gRPC server; on a loss, aborts pending collectives.
 
-  The peers' servers answer from their own threads, so a worker busy with a
-  long chief-only evaluation or save still counts as alive. A killed worker
-  refuses the next check (noticed within `interval_s`); a frozen or cut-off
-  one is lost once it has not answered for `timeout_s`. Each check waits at
-  most `probe_s`: TensorFlow's check holds the GIL while it waits, so one
-  long check of a silent peer would stop every Python thread of this process
-  (the step loop, a tracing, an input pipeline) for the whole `timeout_s`
-  instead of `probe_s` a second. See the module's docstring for which peer
-  a verdict names.
+  A killed worker refuses the next check (noticed within `interval_s`); a
+  frozen or cut-off one is lost once it has not answered for `timeout_s`.
+  Each check waits at most `probe_s`, as `check_peer` holds the GIL.
 
   Attributes:
     loss: the verdict, once there is one (`Loss`), else None.
