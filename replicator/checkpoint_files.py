@@ -1,12 +1,9 @@
 """A checkpoint's files: their names, cleaning up, and whether they read whole.
 
-TensorFlow finds a damaged checkpoint only while restoring it, in its own
-words (a truncated data file: `IndexError: Read less bytes than requested`,
-naming neither the checkpoint nor the file), and a variable made after the
-restore (a module built on its first call) would meet the damage in its first
-step. `damage` reads every tensor through a checkpoint reader first, which
-touches no variable; `Checkpointer.restore_latest` restores only a checkpoint
-that read whole, and names the one it could not (`errors.CheckpointCorrupted`).
+TensorFlow finds a damaged checkpoint only while restoring it, naming neither
+the checkpoint nor the file (`IndexError: Read less bytes than requested`), and
+a variable made after the restore would meet the damage in its first step:
+`damage` reads every tensor first, through a reader that touches no variable.
 """
 
 import os

@@ -154,9 +154,7 @@ def pad_to_global_batch(dataset: tf.data.Dataset, ctx: InputContext,
         f"num_examples: needed with {ctx.num_input_pipelines} input pipelines, so "
         "that every worker runs the same number of steps; pass the evaluation "
         "set's size, e.g. pad_to_global_batch(ds, ctx, batch, num_examples=50000).")
-  specs = tf.nest.flatten(dataset.element_spec)
-  unknown = [s for s in specs if not s.shape.is_fully_defined()]
-  if unknown:
+  if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(dataset.element_spec)):
     raise ValueError(
         f"dataset: every component of an example needs a fixed shape to be padded, "
         f"got {dataset.element_spec}; resize or pad the examples first (and pass "

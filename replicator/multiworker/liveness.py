@@ -1,14 +1,13 @@
 """Whether the job's other workers are alive, and which one was lost first.
 
-A worker checks a peer through the peer's gRPC server (`check_peer`), which
-answers from its own threads: a busy worker still answers, a killed one
-refuses, a frozen or cut-off one stays silent. The `Heartbeat` checks every
-peer each second and, once one is lost, aborts the pending collectives, so a
-step fails instead of waiting forever; the error then becomes `WorkerLost`.
+A peer's gRPC server answers health checks (`check_peer`) from its own
+threads: a busy worker still answers, a killed one refuses, a frozen or
+cut-off one stays silent. The `Heartbeat` checks every peer each second and,
+once one is lost, aborts the pending collectives, so a step fails (as
+`WorkerLost`) instead of waiting forever.
 
 A survivor that saw the loss leaves too, so a slower survivor may find two
-peers down: the lost worker and one that left because of it. No check can
-tell those apart afterwards, so the order is kept instead, by two rules:
+peers down, which no check can tell apart afterwards; two rules keep the order:
 
 - A survivor stays: its process ends no sooner than `linger_s` after its
   verdict, unless every other peer is by then the lost one or refuses (an

@@ -89,13 +89,9 @@ class Peers:
       raise
 
   def raise_if_lost(self, error, steps_completed: int):
-    """Raises `WorkerLost` for `error` if a worker is gone.
-
-    Gone: the heartbeat's verdict, from a look at every peer now (the error
-    may come before the heartbeat's next look). Any other error (a failed
-    check_numerics on every worker, say) is the step's own: the caller
-    re-raises it.
-    """
+    """Raises `WorkerLost` for `error` if the heartbeat, looking at every peer
+    now (the error may come before its next look), finds a worker gone; any
+    other error is the step's own, for the caller to re-raise."""
     loss = self._heartbeat.verdict() if self._heartbeat is not None else None
     if loss is None:
       return
@@ -217,10 +213,7 @@ class NewVariables:
       self._peers.send_initial_values(new, self._steps_completed())
 
   def keep_each_workers(self) -> list:
-    """Leaves the pending variables as each worker made them (they differ).
-
-    Returns them.
-    """
+    """Leaves the pending variables as each worker made them (they differ); returns them."""
     kept = self.pending()
     self._sent = len(self._created)
     return kept
