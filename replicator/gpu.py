@@ -83,11 +83,10 @@ class MultiGpuReplicator(base.Replicator):
                                      cpu_replicas < 1):
       raise ValueError(f"cpu_replicas: expected an int >= 1, got {cpu_replicas!r}.")
     logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)
-    if cpu_replicas is None and logical_cpus:
-      if not tf.config.list_physical_devices("GPU"):
-        mesh_lib.configure_logical_cpus(int(logical_cpus))
+    gpus = tf.config.list_physical_devices("GPU")  # does not start the runtime
+    if cpu_replicas is None and logical_cpus and not gpus:
+      mesh_lib.configure_logical_cpus(int(logical_cpus))
     elif cpu_replicas is not None:
-      gpus = tf.config.list_physical_devices("GPU")
       if gpus:
         logging.info("MultiGpuReplicator: %d GPU(s) visible, so cpu_replicas=%d is "
                      "not used (hide the GPUs with CUDA_VISIBLE_DEVICES= to train "

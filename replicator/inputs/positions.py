@@ -63,12 +63,8 @@ def warn_indistinct(name: str):
 
 
 class SavedPositions:
-  """The input positions of a checkpoint: one record per replicator.
-
-  A record is `{"topology": [workers, replicas per worker], "inputs": {name:
-  steps}}`. A replicator claims the first unclaimed record that names the
-  first input it starts; every input of that replicator then resumes from it.
-  """
+  """The input positions of a checkpoint: one record per replicator, each
+  `{"topology": [workers, replicas per worker], "inputs": {name: steps}}`."""
 
   def __init__(self, records: Sequence[dict]):
     self._unclaimed: List[dict] = [r for r in records if r.get("inputs")]

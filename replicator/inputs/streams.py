@@ -168,11 +168,9 @@ class InputStreams:
       return self._iterator_of(dataset, for_host), dataset.element_spec
 
   def positions(self) -> dict:
-    """Steps taken from each input since it started (what a checkpoint keeps)."""
     return dict(self._consumed)
 
   def resume(self, saved: positions_lib.SavedPositions) -> None:
-    """Resumes from `saved` (see `Replicator.resume_inputs`)."""
     self._saved_positions, self._skip, self._consumed = saved, {}, {}
     self._restored = set(self._inputs)
 
@@ -186,7 +184,6 @@ class InputStreams:
       self._saved_positions, self._skip = None, dict(record["inputs"])
 
   def reset(self, input_fn: Callable, check_dataset: Callable):
-    """Starts `input_fn`'s data again from the beginning (calls it anew)."""
     key, previous = self.key(input_fn), self._inputs.get(input_fn)
     consumed = self._consumed.pop(key, None)
     try:
@@ -199,5 +196,4 @@ class InputStreams:
     self._restored.discard(input_fn)
 
   def clear(self):
-    """Drops every iterator (the replicator shuts down)."""
     self._inputs.clear()

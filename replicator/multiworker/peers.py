@@ -164,7 +164,6 @@ class Peers:
     sync()
 
   def stop(self):
-    """Stops watching the peers."""
     if self._heartbeat is not None:
       self._heartbeat.stop()
 
