@@ -191,7 +191,13 @@ class Checkpointer:
     """
     _check_outside_steps("restore_latest", "call checkpointer.restore_latest() before "
                          "the repl.run calls, outside step_fn and any tf.function")
-    allow_missing = self._check_allow_missing(allow_missing)
+    names = [allow_missing] if isinstance(allow_missing, str) else allow_missing
+    if (not isinstance(names, (list, tuple, set, frozenset))
+        or not all(isinstance(n, str) for n in names)
+        or set(names) - set(self._trackables)):
+      raise ValueError(
+          f"allow_missing: expected names given to this Checkpointer "
+          f"({sorted(self._trackables)}), got {allow_missing!r}.")
     if not isinstance(fall_back, bool):
       raise TypeError(f"fall_back: expected True or False, got {fall_back!r}.")
     try:
@@ -204,7 +210,7 @@ class Checkpointer:
       return None
     name, step, records = self._restorable(pointer, fall_back)
     path = os.path.join(self._directory, name)
-    self._restoring = tf.train.Checkpoint(**self._matched(path, allow_missing))
+    self._restoring = tf.train.Checkpoint(**self._matched(path, frozenset(names)))
     self._restoring.read(path).expect_partial()  # unbuilt variables come later
     saved = positions.SavedPositions(records or [])
     for repl in _open_replicators():
@@ -260,16 +266,6 @@ class Checkpointer:
         "so they would restore different states. Only the chief writes: give "
         "every worker the same directory on storage they all see (a shared "
         "file system, or object storage such as gs://...).")
-
-  def _check_allow_missing(self, allow_missing) -> frozenset:
-    names = [allow_missing] if isinstance(allow_missing, str) else allow_missing
-    if (not isinstance(names, (list, tuple, set, frozenset))
-        or not all(isinstance(n, str) for n in names)
-        or set(names) - set(self._trackables)):
-      raise ValueError(
-          f"allow_missing: expected names given to this Checkpointer "
-          f"({sorted(self._trackables)}), got {allow_missing!r}.")
-    return frozenset(names)
 
   def _matched(self, path: str, allow_missing: frozenset) -> dict:
     """The trackables to restore from `path`, checked against what it holds."""

@@ -28,11 +28,6 @@ def step_of(name: str) -> Optional[int]:
   return int(match.group(1)) if match else None
 
 
-def is_unique_name(name: str) -> bool:
-  match = _NAME.match(name)
-  return bool(match and match.group(2))
-
-
 def pointer_unreadable(directory: str, path: str, found: str, pointer: str) -> ValueError:
   """The error of a pointer file that cannot be read, listing what it could point to."""
   names = sorted({os.path.basename(f)[:-len(".index")] for f in tf.io.gfile.glob(
@@ -60,7 +55,8 @@ def remove_all_but(directory: str, kept, dropped, pointer: str):
     name = os.path.basename(file).split(".")[0]
     shards = name.endswith(SHARDS_FOLDER)
     name = name[:-len(SHARDS_FOLDER)] if shards else name
-    if not (name in dropped or (is_unique_name(name) and name not in kept)):
+    match = _NAME.match(name)  # with a unique id: a save's own, maybe orphaned
+    if not (name in dropped or (match and match.group(2) and name not in kept)):
       continue
     if not tf.io.gfile.isdir(file):
       tf.io.gfile.remove(file)
@@ -97,7 +93,9 @@ def damage(prefix: str) -> Optional[Tuple[str, str]]:
     try:
       reader.get_tensor(key)
     except Exception as error:  # pylint: disable=broad-except  (any read failure)
-      culprit = _culprit(error, data_files)
+      named = _DATA_FILE.search(str(error))
+      culprit = (named.group(0) if named else " or ".join(data_files)
+                 or "its data files (none is there)")
       return culprit, _problem(error, key, culprit)
   return None
 
@@ -137,15 +135,6 @@ def _missing_shards(prefix: str, data_files: Sequence[str]) -> list:
   shards = counts.pop()
   expected = [f"{prefix}.data-{i:05d}-of-{shards:05d}" for i in range(shards)]
   return [f for f in expected if f not in set(data_files)]
-
-
-def _culprit(error: Exception, data_files: Sequence[str]) -> str:
-  named = _DATA_FILE.search(str(error))
-  if named:
-    return named.group(0)
-  if not data_files:
-    return "its data files (none is there)"
-  return data_files[0] if len(data_files) == 1 else " or ".join(data_files)
 
 
 def _problem(error: Exception, key: str, path: str) -> str:

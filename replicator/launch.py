@@ -135,17 +135,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
   return parser
 
 
-def _prog() -> str:
-  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-  return "replicator-launch" if name.startswith("replicator-launch") \
-      else "python -m replicator.launch"
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """The command line (`python -m replicator.launch`, `replicator-launch`); returns the
   exit code: `sys.exit(main())`."""
   argv = list(sys.argv[1:] if argv is None else argv)
-  prog = _prog()
+  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+  prog = ("replicator-launch" if name.startswith("replicator-launch")
+          else "python -m replicator.launch")
   parser = _parser(prog)
   split = argv.index("--") if "--" in argv else len(argv)
   command = argv[split + 1:]

@@ -52,16 +52,6 @@ def input_name(input_fn) -> str:
   return f"{name}({arguments})"
 
 
-def warn_indistinct(name: str):
-  logging.warning(
-      "replicator: two input_fns are both named %r (same function, same "
-      "constants); a checkpoint tells them apart only by the order in which "
-      "they are first run, so a resumed script that runs them in another order "
-      "swaps their positions. Make them distinct: close over a constant that "
-      "differs (e.g. make_input('train') and make_input('eval')) or define "
-      "separate functions.", name)
-
-
 class SavedPositions:
   """The input positions of a checkpoint: one record per replicator, each
   `{"topology": [workers, replicas per worker], "inputs": {name: steps}}`."""

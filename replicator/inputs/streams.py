@@ -91,7 +91,13 @@ class InputStreams:
         number += 1
         key = f"{name}#{number}"
       if number == 2:
-        positions_lib.warn_indistinct(name)
+        logging.warning(
+            "replicator: two input_fns are both named %r (same function, same "
+            "constants); a checkpoint tells them apart only by the order in which "
+            "they are first run, so a resumed script that runs them in another order "
+            "swaps their positions. Make them distinct: close over a constant that "
+            "differs (e.g. make_input('train') and make_input('eval')) or define "
+            "separate functions.", name)
       self._input_keys[input_fn] = key
     return self._input_keys[input_fn]
 
@@ -118,7 +124,11 @@ class InputStreams:
     if not callable(input_fn):
       raise TypeError(f"input_fn: expected a callable, got {input_fn!r}.")
     key = self.key(input_fn)
-    self._claim_saved_positions(key)
+    if self._saved_positions is not None:  # the checkpoint's record that names it, if any
+      record = self._saved_positions.claim(
+          key, (self._mesh.num_workers, self._mesh.devices_per_worker))
+      if record is not None:
+        self._saved_positions, self._skip = None, dict(record["inputs"])
     taken = self._skip.get(key, 0)
 
     def made(pipelines: int, index: int):
@@ -173,15 +183,6 @@ class InputStreams:
   def resume(self, saved: positions_lib.SavedPositions) -> None:
     self._saved_positions, self._skip, self._consumed = saved, {}, {}
     self._restored = set(self._inputs)
-
-  def _claim_saved_positions(self, key: str):
-    """Takes the checkpoint's record that names input `key`, if none is taken."""
-    if self._saved_positions is None:
-      return
-    record = self._saved_positions.claim(
-        key, (self._mesh.num_workers, self._mesh.devices_per_worker))
-    if record is not None:
-      self._saved_positions, self._skip = None, dict(record["inputs"])
 
   def reset(self, input_fn: Callable, check_dataset: Callable):
     key, previous = self.key(input_fn), self._inputs.get(input_fn)
