@@ -201,19 +201,6 @@ class Replicator:
     and a step that returns nothing, come back as `None`. Raises
     `InputExhausted` when `input_fn`'s data ran out before `steps` steps.
     """
-    self._check_run(step_fn, args, steps)
-    iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
-    completed, outputs, uneven = self._engine.run(
-        step_fn, input_fn, iterator, element_spec, int(steps), args,
-        count=lambda ran: self._count_steps(input_fn, ran),
-        uneven_batches=self._inputs.allows_uneven_batches(input_fn))
-    if completed < steps:
-      raise errors.InputExhausted(completed, outputs if completed else None,
-                                   uneven_batches=uneven)
-    return outputs
-
-  def _check_run(self, step_fn, args, steps):
-    """Raises for `run`'s arguments, as every engine takes them."""
     self._check_open("run")
     if not tf.executing_eagerly():
       raise RuntimeError(
@@ -229,12 +216,20 @@ class Replicator:
           f"steps in an int64), got {steps!r}. Pass the number of steps to run.")
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
+    iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
 
-  def _count_steps(self, input_fn, ran: int):
-    """Counts `ran` steps done: the replicator's, and `input_fn`'s position."""
-    self._steps_completed += ran
-    if input_fn is not None:
-      self._inputs.count_steps(input_fn, ran)
+    def count(ran: int):  # the replicator's steps, and input_fn's position
+      self._steps_completed += ran
+      if input_fn is not None:
+        self._inputs.count_steps(input_fn, ran)
+
+    completed, outputs, uneven = self._engine.run(
+        step_fn, input_fn, iterator, element_spec, int(steps), args, count=count,
+        uneven_batches=self._inputs.allows_uneven_batches(input_fn))
+    if completed < steps:
+      raise errors.InputExhausted(completed, outputs if completed else None,
+                                   uneven_batches=uneven)
+    return outputs
 
   def _replicated_variables(self):
     """Every variable made in `context()` or in a step, in creation order."""

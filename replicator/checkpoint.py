@@ -131,7 +131,13 @@ class Checkpointer:
     if (isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer))
         or step < 0):
       raise ValueError(f"step: expected an int >= 0, got {step!r}.")
-    path = self._write(int(step)) if _is_chief() else None
+    # The chief writes: worker 0 of its replicators' cluster. A local replicator
+    # (one worker) says nothing about the cluster; without a multi-worker one,
+    # TF_CONFIG decides (absent: a one-process job).
+    clustered = [r for r in list(base.Replicator.live) if r.num_workers > 1]
+    chief = (all(r.is_chief for r in clustered) if clustered
+             else mesh_lib.worker_index_in_tf_config() == 0)
+    path = self._write(int(step)) if chief else None
     workers = _clustered_replicator()
     if workers is not None:  # a barrier: the chief arrives after its pointer
       workers._across_workers([0], "Add")  # pylint: disable=protected-access
@@ -346,18 +352,6 @@ def _clustered_replicator():
   """The newest open replicator spanning several workers, or None."""
   clustered = [r for r in _open_replicators() if r.num_workers > 1]
   return clustered[-1] if clustered else None
-
-
-def _is_chief() -> bool:
-  """Whether this process writes: worker 0 of its replicators' cluster.
-
-  A local replicator (one worker) says nothing about the cluster; without a
-  multi-worker one, TF_CONFIG decides (absent: a one-process job).
-  """
-  clustered = [r for r in list(base.Replicator.live) if r.num_workers > 1]
-  if clustered:
-    return all(r.is_chief for r in clustered)
-  return mesh_lib.worker_index_in_tf_config() == 0
 
 
 def _variables_of(trackable) -> list:

@@ -1,8 +1,6 @@
 """The launcher's worker processes: started, their lines routed, watched, stopped, restarted.
 
-`replicator.launch` parses the command line and builds each worker's environment;
-this module runs the job: one attempt after another, until the workers succeed,
-the restarts run out, or the launcher is interrupted.
+`replicator.launch` builds each worker's environment; this module runs the job's attempts.
 """
 
 import collections

@@ -149,6 +149,8 @@ def agreed_element_spec(element_spec, keys, device: str):
 
 
 _SHAPED = (tf.TensorSpec, tf.RaggedTensorSpec, tf.SparseTensorSpec)
+# (value, shape): `value` with only the static `shape`.
+_unknown = tf.compat.v1.placeholder_with_default
 
 
 def _with_shape(spec, shape):
@@ -181,11 +183,6 @@ def relaxed(element, spec):
            for i, dim in enumerate(leaf.shape.as_list())]))
     return _unknown(value, leaf.shape)
   return tf.nest.map_structure(relax, element, spec, expand_composites=False)
-
-
-def _unknown(value: tf.Tensor, shape) -> tf.Tensor:
-  """`value`, with only the static `shape` (a placeholder that defaults to it)."""
-  return tf.compat.v1.placeholder_with_default(value, shape)
 
 
 class BatchFetcher:

@@ -20,12 +20,9 @@ from replicator.mesh import Mesh
 
 def warn_if_new_each_call(step_fn, input_fn, compiled):
   """Says once that a new `input_fn` object per call restarts the data, and once
-  that a new `step_fn` object per call compiles the step again.
-
-  Function objects made from the same code (a lambda or a nested function
-  written inside the training loop, a new `functools.partial`) are told apart
-  by identity, as `tf.function` tells them. `compiled`: the `(step_fn,
-  input_fn)` pairs the replicator has compiled.
+  that a new `step_fn` object (told apart by identity, as `tf.function` tells
+  them) compiles the step again. `compiled`: the `(step_fn, input_fn)` pairs
+  the replicator has compiled.
   """
   if input_fn is not None and sum(
       1 for s, i in compiled if s is step_fn and i is not None) == 3:
@@ -60,11 +57,7 @@ def _unwrapped(fn):
 
 
 class InputStreams:
-  """The iterator of each `input_fn` a replicator runs, and its position.
-
-  `check_dataset`, given to the methods that call `input_fn`, is the
-  replicator's hook for stricter datasets (`Replicator._check_dataset`).
-  """
+  """The iterator of each `input_fn` a replicator runs, and its position."""
 
   def __init__(self, mesh: Mesh, iterator_of: Callable = iter):
     self._mesh = mesh
@@ -78,11 +71,9 @@ class InputStreams:
     self._input_keys = {}  # input_fn -> its key in checkpoints
 
   def key(self, input_fn) -> str:
-    """A name for `input_fn` that is stable across restarts of the same script.
-
-    Its qualified name and closure constants (`positions_lib.input_name`), numbered
-    in order of first use, with a warning, when several inputs share one.
-    """
+    """A name for `input_fn` that a restart of the same script finds again:
+    `positions_lib.input_name`, numbered in order of first use where several
+    inputs share one."""
     if input_fn not in self._input_keys:
       name = positions_lib.input_name(input_fn)
       taken = set(self._input_keys.values())

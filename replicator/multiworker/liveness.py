@@ -55,10 +55,8 @@ def check_peer(worker: int, timeout_s: float) -> None:
 
 
 def unjoined_peers(mesh: Mesh, timeout_s: float, poll_s: float = 0.5) -> list:
-  """Waits until every other worker's server answers, at most `timeout_s`.
-
-  Returns the workers that still did not answer (empty: all joined).
-  """
+  """Waits, at most `timeout_s`, until every other worker's server answers;
+  returns those that did not (empty: all joined)."""
   deadline = time.monotonic() + timeout_s
   waiting = [w for w in range(mesh.num_workers) if w != mesh.worker_index]
   while True:

@@ -126,8 +126,19 @@ class Peers:
         for copy in variable.replicas:
           copy.assign(value)
       varying = [v for v in variables if not v.shape.is_fully_defined()]
-      if varying:  # (shape=[None]): in a function, where their shapes travel first
-        self._send_varying_from_chief(varying)
+
+      @tf.function(autograph=False)
+      def send_varying():  # (shape=[None]): in a function, where their shapes travel first
+        for variable in varying:
+          with tf.device(self._device):
+            value = variable.replicas[0].read_value()
+            value = between_workers.across_workers(
+                value if self._mesh.is_chief else tf.zeros_like(value), "Add", self._keys)
+          for copy in variable.replicas:
+            copy.assign(value)
+
+      if varying:
+        send_varying()
     except tf.errors.OpError as error:
       self.raise_if_lost(error, steps_completed)
       raise
@@ -147,21 +158,6 @@ class Peers:
     low, high = between_workers.checked_min_and_max(digests, self._keys, self._device)
     differ = [i for i, (a, b) in enumerate(zip(low, high)) if a != b]
     return [variables[i] for i in differ], [values[i] for i in differ]
-
-  def _send_varying_from_chief(self, variables):
-    chief = self._mesh.is_chief
-
-    @tf.function(autograph=False)
-    def sync():
-      for variable in variables:
-        with tf.device(self._device):
-          value = variable.replicas[0].read_value()
-          value = between_workers.across_workers(
-              value if chief else tf.zeros_like(value), "Add", self._keys)
-        for copy in variable.replicas:
-          copy.assign(value)
-
-    sync()
 
   def stop(self):
     if self._heartbeat is not None:
