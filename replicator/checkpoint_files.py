@@ -77,9 +77,13 @@ def damage(prefix: str) -> Optional[Tuple[str, str]]:
   if not tf.io.gfile.exists(index):
     return index, "the index file is missing"
   data_files = sorted(tf.io.gfile.glob(prefix + ".data-*-of-*"))
-  missing = _missing_shards(prefix, data_files)
-  if missing:
-    return missing[0], f"this data shard is missing (of {', '.join(missing)})"
+  counts = {int(_DATA_FILE.search(f).group(2)) for f in data_files if _DATA_FILE.search(f)}
+  if len(counts) == 1:  # the shards the others' names say exist
+    shards = counts.pop()
+    expected = (f"{prefix}.data-{i:05d}-of-{shards:05d}" for i in range(shards))
+    missing = [f for f in expected if f not in data_files]
+    if missing:
+      return missing[0], f"this data shard is missing (of {', '.join(missing)})"
   try:
     reader = tf.train.load_checkpoint(prefix)
     keys = sorted(reader.get_variable_to_shape_map())
@@ -125,16 +129,6 @@ def corrupted(directory: str, name: str, step: int, found: Tuple[str, str],
       f"{problem}. Nothing was restored or deleted. {then}",
       checkpoint=name, step=step, path=path, problem=problem, previous=previous,
       previous_step=None if previous is None else step_of(previous))
-
-
-def _missing_shards(prefix: str, data_files: Sequence[str]) -> list:
-  """The data files of `prefix` that the others' names say exist, but do not."""
-  counts = {int(_DATA_FILE.search(f).group(2)) for f in data_files if _DATA_FILE.search(f)}
-  if len(counts) != 1:
-    return []
-  shards = counts.pop()
-  expected = [f"{prefix}.data-{i:05d}-of-{shards:05d}" for i in range(shards)]
-  return [f for f in expected if f not in set(data_files)]
 
 
 def _problem(error: Exception, key: str, path: str) -> str:

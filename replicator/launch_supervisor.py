@@ -29,17 +29,6 @@ def log_path(log_dir: str, index: int) -> str:
   return os.path.join(log_dir, f"worker_{index}.log")
 
 
-def describe_exit(status: int) -> str:
-  """`exited with code -9 (killed by SIGKILL)` for a `Popen.returncode`."""
-  if status >= 0:
-    return f"exited with code {status}"
-  try:
-    name = signal.Signals(-status).name
-  except ValueError:
-    name = f"signal {-status}"
-  return f"exited with code {status} (killed by {name})"
-
-
 class Terminal:
   """Writes whole lines to `out` from several threads, one line at a time."""
 
@@ -204,7 +193,12 @@ def supervise(command: Sequence[str], make_envs: Callable[[int], List[dict]],
       if failure is None:
         return 0
       index, status = failure
-      reason = f"worker {index} {describe_exit(status)}"
+      reason = f"worker {index} exited with code {status}"
+      if status < 0:  # killed by signal -status
+        try:
+          reason += f" (killed by {signal.Signals(-status).name})"
+        except ValueError:
+          reason += f" (killed by signal {-status})"
       restarting = restart < max_restarts
       if restarting:
         restart += 1

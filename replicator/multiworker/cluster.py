@@ -108,13 +108,8 @@ class CollectiveKeys:
   """
 
   _CHECK_KEYS = 1 << 30  # the first key of the checks' range
-  # TensorFlow keeps the shape a collective first had under its key for the
-  # life of the process, and aborts every collective when a later call under
-  # the same key has another shape. A collective whose shape is known only at
-  # run time (a short last batch, uneven batches) travels flattened and padded
-  # to a size class (`collectives.between_workers`), and takes its key at run
-  # time, one per class, from a range of its own: a slot of `_CLASSES_PER_SLOT`
-  # keys per such collective.
+  # A collective of a run-time shape takes its key at run time, one per size class
+  # (`collectives.between_workers` says why), from a slot of `_CLASSES_PER_SLOT` keys.
   _SHAPE_KEYS = 1 << 29
   _CLASSES_PER_SLOT = 1 << 12
   _SLOTS = ((1 << 30) - (1 << 29)) // _CLASSES_PER_SLOT
@@ -145,12 +140,8 @@ class CollectiveKeys:
       return self.issued
 
   def key_for_size_class(self, size_class: tf.Tensor) -> tf.Tensor:
-    """A new collective's instance key, at run time, for its `size_class`.
-
-    `size_class` (an int64 scalar in [0, 4096)) names the padded size the
-    collective carries; each class has a key of its own, so no two sizes
-    ever share one.
-    """
+    """A new collective's instance key, at run time, for its `size_class` (an
+    int64 scalar in [0, 4096), the padded size it carries): one key per class."""
     with self._lock:
       slot = self.shape_slots
       self.shape_slots += 1
