@@ -94,23 +94,6 @@ def why_stopped(status: tf.Tensor, signum: Optional[Callable[[], tf.Tensor]] = N
   return tf.where(tf.equal(flag, 0), status_tensor(StepStatus.OUT_OF_DATA), interrupted(flag))
 
 
-def _batch_leaf(element_spec):
-  """`(index, static batch size or None)` of the first batched element leaf.
-
-  `(None, 0)` when no leaf has a batch dimension (every leaf a scalar: each
-  replica takes one element a step, and a step's elements are always even). A
-  leaf of unknown rank (from `tf.py_function`, say) may have one, of a size
-  known at run time (a scalar's counts as -1 on every replica: even too).
-  """
-  for index, spec in enumerate(tf.nest.flatten(element_spec)):
-    shape = getattr(spec, "shape", None)
-    if shape is not None and shape.rank is None:
-      return index, None
-    if shape is not None and shape.rank:
-      return index, shape[0]
-  return None, 0
-
-
 def _batch_size(value) -> tf.Tensor:
   if isinstance(value, tf.RaggedTensor):
     return value.nrows(out_type=tf.int64)
@@ -196,13 +179,22 @@ class BatchFetcher:
     self._uneven_batches = uneven_batches
 
   def sizes_to_compare(self, element_spec):
-    """`(leaf, static batch size or None)` whose size `fetch` compares.
+    """`(leaf, static batch size or None)` whose size `fetch` compares: the first
+    leaf with a batch dimension. A leaf of unknown rank (from `tf.py_function`,
+    say) may have one, of a size known at run time (a scalar's counts as -1 on
+    every replica: even); with none (every leaf a scalar, one per replica a
+    step) the size counts as static (0), as with `allow_uneven_batches`, and
+    only workers' data is compared.
 
     None where it compares none (one replica, or one worker with a static batch
-    size): `fetch`'s status is then a bool. With `allow_uneven_batches` the
-    size counts as static (0) and only workers' data is compared.
+    size): `fetch`'s status is then a bool.
     """
-    leaf, static_size = _batch_leaf(element_spec)
+    leaf, static_size = None, 0
+    for index, spec in enumerate(tf.nest.flatten(element_spec)):
+      shape = getattr(spec, "shape", None)
+      if shape is not None and (shape.rank is None or shape.rank):
+        leaf, static_size = index, None if shape.rank is None else shape[0]
+        break
     if self._uneven_batches:
       static_size = 0
     if self._num_replicas == 1 or (self._keys is None and static_size is not None):
