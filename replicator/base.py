@@ -27,7 +27,6 @@ from replicator.multiworker import cluster
 from replicator.multiworker import peers
 
 ReduceOp = reduce_options.ReduceOp
-_MAX_STEPS = 2**63 - 1
 
 
 class Replicator:
@@ -210,7 +209,7 @@ class Replicator:
     if not callable(step_fn):
       raise TypeError(f"step_fn: expected a callable, got {step_fn!r}.")
     if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or
-        not 1 <= steps <= _MAX_STEPS):
+        not 1 <= steps <= 2**63 - 1):
       raise ValueError(
           f"steps: expected an int in [1, 2**63 - 1] (the compiled loop counts "
           f"steps in an int64), got {steps!r}. Pass the number of steps to run.")

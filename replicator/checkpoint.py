@@ -330,12 +330,9 @@ _UNREADABLE = -2  # the step a worker reports when its pointer file is corrupt
 
 
 def _check_outside_steps(method: str, fix: str):
-  """Raises inside step_fn or a tf.function, where files must not be touched.
-
-  There the pointer would be written while the step is traced (once per
-  replica, before any value exists), and the traced write of the data would
-  then replace that checkpoint's files at every step.
-  """
+  """Raises inside step_fn or a tf.function: there the pointer would be written
+  while the step is traced, and the traced write of the data would then replace
+  that checkpoint's files at every step."""
   if replica_context.current() is not None or tf.inside_function():
     raise RuntimeError(
         f"{method}: called inside step_fn or a tf.function, where it would run once "
@@ -363,12 +360,9 @@ def _variables_of(trackable) -> list:
 
 
 def _input_records(trackables: dict) -> list:
-  """The input positions and topology of every open replicator that took input.
-
-  First the replicators whose variables are saved, then the others; newest
-  first in each: the first record that names an input resumes it (in a
-  notebook, an older replicator may still be open).
-  """
+  """The input positions and topology of every open replicator that took input:
+  those whose variables are saved first, newest first in each, as the first
+  record that names an input resumes it (an older replicator may still be open)."""
   saved = {id(getattr(v, "_value", v))  # a Keras 3 variable wraps ours
            for trackable in trackables.values() for v in _variables_of(trackable)}
 

@@ -108,10 +108,8 @@ def agreed_element_spec(element_spec, keys, device: str):
   """`element_spec` with each dim that is not one static size on every worker unknown.
 
   A batch dim static on one worker (`drop_remainder=True`) and unknown on
-  another is still one program; traced unknown on every worker, it gives
-  every worker the same collectives (one of a shape known only at run time
-  takes its key at run time, on every worker alike). Dense, ragged and sparse
-  leaves alike. Two collectives, once per compiled step.
+  another is then traced alike on every worker: one program, the same
+  collectives. Two collectives, once per compiled step.
   """
   if keys is None or element_spec is None:
     return element_spec

@@ -69,11 +69,8 @@ class InputContext:
 
   @property
   def steps_taken(self) -> int:
-    """Steps run on this input before the checkpoint the job resumed from.
-
-    Read it in `input_fn` itself (a dataset that reads it later, a generator
-    say, reads it after replicator decided whether to skip: an error).
-    """
+    """Steps run on this input before the checkpoint the job resumed from; read
+    it in `input_fn` itself (read later, by a generator say, it raises)."""
     if self._decided:
       raise RuntimeError(
           "ctx.steps_taken / batches_taken: read after input_fn returned (in a "
@@ -95,12 +92,9 @@ class InputContext:
 
   @property
   def batches_taken(self) -> int:
-    """Per-replica batches this pipeline gave in `steps_taken` steps.
-
-    Each step takes one per local replica; on another topology than the
-    checkpoint's, that is this job's local replicas, as replicator's own skip
-    counts them (not the same examples: a warning says so).
-    """
+    """Per-replica batches this pipeline gave in `steps_taken` steps: one per
+    local replica of this job a step (on another topology than the checkpoint's,
+    not the same examples: a warning says so)."""
     local_replicas = self.num_replicas_in_sync // self.num_input_pipelines
     return self.steps_taken * local_replicas
 

@@ -24,11 +24,9 @@ _connected = None
 def connect(mesh: Mesh) -> None:
   """Starts this process's gRPC server and enables collectives with its peers.
 
-  Must run before TensorFlow executes anything in this process, unless
-  `MultiWorkerMirroredStrategy` already started the server for the same
-  cluster: then the replicator joins it, and both work side by side. The
-  collectives are configured as that strategy configures them, so it can also
-  be created after a replicator.
+  Must run before TensorFlow executes anything, unless `MultiWorkerMirroredStrategy`
+  started the server for the same cluster (then both work side by side; it can
+  also be made after, as the collectives are configured as it configures them).
   """
   global _connected
   spec = (mesh.worker_addresses, mesh.worker_index)
@@ -164,11 +162,8 @@ class CollectiveKeys:
 
 
 def host_is_crowded(mesh: Mesh) -> bool:
-  """Whether this worker's host runs more of the job's workers than it has cores.
-
-  Hosts are told apart by their addresses' names as written in the cluster
-  ("127.0.0.1" and "localhost" count as two).
-  """
+  """Whether this worker's host runs more of the job's workers than it has cores
+  (hosts told apart by their addresses as written: "127.0.0.1" is not "localhost")."""
   if not mesh.worker_addresses:
     return False
   host = lambda address: address.rsplit(":", 1)[0]

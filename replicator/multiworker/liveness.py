@@ -171,12 +171,9 @@ class Heartbeat:
         return
 
   def verdict(self) -> Optional[Loss]:
-    """Whether a peer is lost, from a look at every peer now (after an error).
-
-    A peer that does not answer is looked at again until it answers or has
-    been silent for `timeout_s`: an error of the step itself (every worker
-    failing `check_numerics`, say) is not a loss.
-    """
+    """Whether a peer is lost, from a look at every peer now (after an error),
+    again until a silent one answers or has been silent for `timeout_s`: an
+    error of the step itself (every worker failing `check_numerics`) is no loss."""
     while True:
       with self._lock:
         if self.loss is not None:
@@ -222,12 +219,8 @@ class Heartbeat:
     atexit.register(self._linger, time.monotonic() + self.linger_s)
 
   def _linger(self, until: float):
-    """Waits until `until`, or until no other survivor is left to look.
-
-    A peer that refuses is down, and so is the lost worker, whatever its
-    checks say; a peer that is merely silent may be a survivor that the
-    machine's load holds back, still to look.
-    """
+    """Waits until `until`, or until no other survivor is left to look: every
+    peer refuses or is the lost one (a silent one may be a survivor held back)."""
     while time.monotonic() < until:
       try:
         if all(self._is_gone(worker) for worker in self._peers):

@@ -40,12 +40,9 @@ class Peers:
     self._heartbeat = None
 
   def join(self):
-    """Returns once every worker has started, then watches them.
-
-    Workers start minutes apart on a busy cluster (and imports alone take tens
-    of seconds), so each waits for the others' servers up to 10 x
-    `AllReduceOptions.timeout_s`, then raises naming those still missing.
-    """
+    """Returns once every worker has started, then watches them; waits for the
+    others' servers up to 10 x `AllReduceOptions.timeout_s` (workers start
+    minutes apart on a busy cluster), then raises naming those still missing."""
     join_timeout_s = 10 * self._timeout_s
     missing = liveness.unjoined_peers(self._mesh, join_timeout_s)
     if missing:
@@ -146,11 +143,9 @@ class Peers:
   def _differing(self, variables, values):
     """Those of `variables` (and their `values`) that some worker holds otherwise.
 
-    Values every worker computed alike (zeros and constants: an optimizer's
-    slots, biases, batch norm's scales and statistics, about half the bytes of
-    a ResNet-50 and its momentum) need not travel. One collective of a 62-bit
-    digest of each value's bytes says which differ; every worker gets the
-    same answer, so all pack the same buckets.
+    Values every worker computed alike (zeros and constants: about half the
+    bytes of a ResNet-50 and its momentum) need not travel. One collective of
+    each value's digest says which differ, alike on every worker.
     """
     if not variables:
       return variables, values
