@@ -251,11 +251,10 @@ class Replicator:
   def resume_inputs(self, saved: positions.SavedPositions) -> None:
     """Makes each input start after the steps a checkpoint recorded.
 
-    `saved` is shared by every replicator the checkpoint is restored into;
-    this one claims the record that names the first input it runs afterwards
-    (`SavedPositions.claim`). Inputs started before the restore start again at
-    their next use, from the checkpoint's position (the beginning if it has
-    none).
+    This replicator claims the record of `saved` (shared by every replicator
+    the checkpoint is restored into) that names the first input it runs
+    afterwards. Inputs started before the restore start again at their next
+    use, from the checkpoint's position (the beginning if it has none).
     """
     self._inputs.resume(saved)
 

@@ -119,12 +119,10 @@ class Checkpointer:
   def save(self, step: int) -> Optional[str]:
     """Writes a checkpoint for `step` (chief only); returns its path or None.
 
-    Pass the number of steps completed (after the step with index i of a
-    `for step in range(start, n)` loop, `step + 1`): `restore_latest()` returns
-    it, and `range(restore_latest() or 0, n)` then runs the first step not done.
-
-    On several workers every worker returns once the chief's checkpoint is
-    visible, so a `restore_latest` right after finds it on every worker.
+    Pass the number of steps completed (`step + 1` after the step with index
+    `step`): `restore_latest()` returns it. On several workers every worker
+    returns once the chief's checkpoint is visible, so a `restore_latest` right
+    after finds it on every worker.
     """
     _check_outside_steps("save", "call checkpointer.save(step) between repl.run calls, "
                          "outside step_fn and any tf.function")

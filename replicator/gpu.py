@@ -21,12 +21,10 @@ class GpuReplicator(base.Replicator):
   Args:
     device: the device (default: the first GPU, else the CPU).
     jit_compile: compile each step, the optimizer's update included, as one
-      XLA computation (`tf.function(jit_compile=True)`): fused kernels, static
-      shapes required. An op XLA cannot compile fails on the first `run`.
-      Several replicas cannot share one XLA computation (it runs on one
-      device), so `MultiGpuReplicator` has no such switch: there, compile
-      the model's forward and backward pass inside `step_fn` with
-      `tf.function(jit_compile=True)` and leave the optimizer outside.
+      XLA computation: fused kernels, static shapes required (an op XLA cannot
+      compile fails on the first `run`). One computation runs on one device:
+      with several replicas (`MultiGpuReplicator`), compile the forward and
+      backward pass inside `step_fn` with `tf.function(jit_compile=True)`.
 
   >>> repl = GpuReplicator(device="/cpu:0")
   >>> repl.num_replicas

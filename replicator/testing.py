@@ -13,11 +13,9 @@ from replicator.mesh import configure_logical_cpus  # noqa: F401  (public here)
 
 @contextlib.contextmanager
 def merges_as_collectives():
-  """Within: local replicas merge their variables' writes as between physical
-  GPUs or workers, where a merge is a collective and a float mean's (or the
-  first replica's value's) waits for the end of the step. On logical CPUs (or
-  logical GPUs of one GPU), where a merge is an `add_n` made at the write,
-  this runs that path in one process. Steps traced within keep it.
+  """Within: local replicas merge their variables' writes by collectives, as
+  between physical GPUs or workers (on logical devices a merge is an `add_n`),
+  so that one process runs that path. Steps traced within keep it.
   """
   merged_by_collectives = reductions.merged_by_collectives
   reductions.merged_by_collectives = lambda devices, workers=None: True
@@ -51,8 +49,7 @@ def tpu_engine_on_fake_tpu(num_cores: int = 8, num_hosts: int = 1):
   instead of executing (a CPU has no TPU kernels). Variables are made
   eagerly, every core's copy on the CPU, so initial values and restores are
   real; `TPUStrategy`'s own writes outside a step reach only the first copy.
-  A trace shows what a TPU's host cannot build; the TPU compiler's verdict,
-  memory and numerics it cannot (docs/design.md, "The strategy engine").
+  README.md ("On a TPU") says what a trace shows and what only a TPU can.
 
   Args:
     num_cores: TPU cores per host (1, 2, 4 or 8).
@@ -77,11 +74,9 @@ _HOST_COORDINATES = [(0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1),
 
 
 class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
-  """A `TPUClusterResolver` of a TPU that exists only as metadata.
-
-  `TPUStrategy` asks a resolver for the TPU system's metadata (cores, hosts,
-  topology, devices); this one answers with a TPU v2/v3's, without
-  connecting to anything or initializing a TPU.
+  """A `TPUClusterResolver` of a TPU that exists only as metadata: it answers
+  `TPUStrategy`'s questions (cores, hosts, topology, devices) as a TPU v2/v3's
+  would, without connecting to anything or initializing a TPU.
 
   Args:
     num_cores: cores per host (1, 2, 4 or 8).

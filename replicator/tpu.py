@@ -50,12 +50,9 @@ def _logical_cpus(cores: int):
 
 class _StandIn(snt.distribute.Replicator):
   """The stand-in for `TPUStrategy` on logical CPUs: Sonnet's `Replicator`
-  (a `MirroredStrategy`) whose collectives have group keys of their own.
-
-  Each `MirroredStrategy` numbers its collective groups from 1: two of them
-  of different sizes in one process would meet at group 1 and abort every
-  collective of the process.
-  """
+  (a `MirroredStrategy`) whose collectives have group keys of their own (each
+  `MirroredStrategy` numbers its groups from 1: two of different sizes in one
+  process would meet at group 1 and abort every collective of the process)."""
 
   _instances = itertools.count(1)
 

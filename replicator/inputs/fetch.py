@@ -1,10 +1,9 @@
 """Each step's batches for the local replicas, and whether the step may run.
 
-A step runs only when every replica, on every worker, has a batch (and, unless
-the input allows uneven batches, all of one size), and on several workers only
-when every worker asked for the same number of steps and made the same
-variables in `repl.context()` since its last run. The status codes say which
-of these stopped a loop; `Replicator.run` turns them into its errors.
+A step runs only when every replica, on every worker, has a batch (all of one
+size, unless the input allows uneven batches), and every worker asked for the
+same steps and made the same variables in `repl.context()` since its last run.
+`StepStatus` says which stopped a loop; `Replicator.run` raises for it.
 """
 
 import enum
@@ -16,16 +15,14 @@ from replicator.collectives import between_workers
 
 
 class StepStatus(enum.IntEnum):
-  """Why a call's steps stopped, or whether the next step may run.
+  """Why a call's steps stopped, or whether the next step may run (READY or more).
 
-  In the graph a status is one int64 (`encode`'s), since it travels between
-  the workers in a collective and through the step loop's variables; in
-  Python, `decode` names it. The encoding: READY and the statuses below it
-  are their values. LAST plus a signal's number (> 0): as READY, and a
-  worker got that signal (SIGINT, SIGTERM): this step runs, no later one, on
-  every worker (`engines.in_graph.interrupts`). INTERRUPTED minus a signal's
-  number: the loop stopped between two steps for that signal. A step runs
-  where the status is READY or more.
+  In the graph a status is one int64 (`encode`'s), as it travels between the
+  workers and through the step loop's variables; `decode` names it. READY and
+  below are their values; LAST plus a signal's number: as READY, and a worker
+  got that signal, so this step runs and no later one, on every worker
+  (`engines.in_graph.interrupts`); INTERRUPTED minus a signal's number: the
+  loop stopped between two steps for that signal.
   """
   READY = 1  # every replica has a batch, all one size
   OUT_OF_DATA = 0  # some replica, on some worker, has none
@@ -178,14 +175,11 @@ class BatchFetcher:
 
   def sizes_to_compare(self, element_spec):
     """`(leaf, static batch size or None)` whose size `fetch` compares: the first
-    leaf with a batch dimension. A leaf of unknown rank (from `tf.py_function`,
-    say) may have one, of a size known at run time (a scalar's counts as -1 on
-    every replica: even); with none (every leaf a scalar, one per replica a
-    step) the size counts as static (0), as with `allow_uneven_batches`, and
-    only workers' data is compared.
-
-    None where it compares none (one replica, or one worker with a static batch
-    size): `fetch`'s status is then a bool.
+    leaf with a batch dimension (a leaf of unknown rank, from `tf.py_function`
+    say, may have one; a scalar's size counts as -1, even). With none (all
+    scalars), or `allow_uneven_batches`, the size counts as static (0): only
+    workers' data is compared. None where nothing is (one replica, or one
+    worker with a static batch size): `fetch`'s status is then a bool.
     """
     leaf, static_size = None, 0
     for index, spec in enumerate(tf.nest.flatten(element_spec)):

@@ -10,12 +10,10 @@ import tensorflow as tf
 class InputContext:
   """What `input_fn` needs to build this worker's part of the input.
 
-  When a job resumes from a checkpoint, `batches_taken` is how many of its
-  per-replica batches this worker's pipeline gave before it (0 in a new job).
-  Replicator skips them (`dataset.skip`, which still reads and preprocesses
-  every batch it skips: hours, deep into an ImageNet run). To skip them cheaply
-  instead, before decoding, read `ctx.batches_taken` in `input_fn`, skip there,
-  and return `replicator.skipped_by_input_fn(ds)`:
+  On a resumed job, replicator skips the `batches_taken` this worker's pipeline
+  gave before the checkpoint with `dataset.skip`, which still reads and
+  preprocesses each (hours, deep into an ImageNet run). To skip them cheaply,
+  before decoding, do it in `input_fn` and return `skipped_by_input_fn(ds)`:
 
   >>> def input_fn(ctx):
   ...   batch_size = ctx.per_replica_batch_size(256)

@@ -1,11 +1,10 @@
 """What a checkpoint keeps of the inputs: their names and positions.
 
-A checkpoint records how many steps each input of each replicator has taken;
-a resumed script must find them again, in a new process where the `input_fn`
-objects and replicators are new. An input is named by its function's qualified
-name and the simple constants it closes over (`make_input("train")` and
-`make_input("eval")` differ); each replicator's positions are one record,
-claimed by the first replicator that starts an input the record names.
+A resumed script, in a new process with new `input_fn` objects, finds an input
+by its function's qualified name and the simple constants it closes over
+(`make_input("train")` and `make_input("eval")` differ); each replicator's
+positions are one record, claimed by the first replicator that starts an input
+the record names.
 """
 
 import hashlib

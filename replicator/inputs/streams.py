@@ -1,9 +1,7 @@
 """The inputs a replicator runs: their iterators, names and positions.
 
 An input is an `input_fn` object, started at its first run and again after a
-reset or a restore. Its position (steps taken since it started) is what a
-checkpoint keeps, under a name (`positions_lib.input_name`) that a resumed script
-finds again.
+reset or a restore; a checkpoint keeps its position (steps taken since it started).
 """
 
 import functools

@@ -97,12 +97,10 @@ _group_keys = itertools.count(FIRST_GROUP_KEY)
 
 
 class CollectiveKeys:
-  """Instance keys for cross-worker collectives.
-
-  Every worker traces the same program in the same order, so a shared counter
-  gives matching keys on every worker without any communication. Checks that
-  the workers did trace the same program draw keys of their own (`next_check`),
-  which still match where the programs' keys do not.
+  """Instance keys for cross-worker collectives: every worker traces the same
+  program in the same order, so a counter gives matching keys unexchanged. The
+  checks that they did draw keys of their own (`next_check`), which still match
+  where the programs' keys do not.
   """
 
   _CHECK_KEYS = 1 << 30  # the first key of the checks' range
@@ -116,10 +114,8 @@ class CollectiveKeys:
     self.num_workers = num_workers
     self.worker_index = worker_index
     self.timeout_s = timeout_s
-    # TensorFlow matches collectives by group and instance key, and each
-    # replicator counts instance keys from 1: each replicator of the process
-    # takes a group of its own. Workers make their replicators in the same
-    # order, so the groups match.
+    # Each replicator counts instance keys from 1, in a group of its own: workers
+    # make their replicators in the same order, so the groups match.
     self.group_key = next(_group_keys)
     self.issued = 0  # keys given out by `next`
     self.shape_slots = 0  # slots given out by `key_for_size_class`

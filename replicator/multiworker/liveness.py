@@ -10,15 +10,14 @@ A survivor that saw the loss leaves too, so a slower survivor may find two
 peers down, which no check can tell apart afterwards; two rules keep the order:
 
 - A survivor stays: its process ends no sooner than `linger_s` after its
-  verdict, unless every other peer is by then the lost one or refuses (an
-  exit hook waits), and its server answers meanwhile. So a worker that left
-  because of another's loss went down at least `linger_s` after that one's
-  last answer to anybody.
+  verdict (an exit hook waits, unless every other peer is by then the lost one
+  or refuses), its server answering. So a worker that left because of another's
+  loss went down at least `linger_s` after that one's last answer to anybody.
 - A peer that refuses is named only if its first refusal came less than
-  `linger_s` after the last answer of every other peer in trouble: by the
-  first rule it cannot have left because of one of them. A peer silent for
-  the heartbeat's `timeout_s` is named too: a worker that leaves refuses.
-  While no peer qualifies and one is silent, the heartbeat looks again.
+  `linger_s` after the last answer of every other peer in trouble: by the first
+  rule it cannot have left because of one of them. A peer silent for the
+  heartbeat's `timeout_s` is named too (a worker that leaves refuses); while
+  none qualifies and one is silent, the heartbeat looks again.
 
 So a worker that left because of a loss is never named. Where this worker
 did not look for `linger_s` (its process stood still) and finds several peers
@@ -44,10 +43,8 @@ PEER_DOWN = (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
 def check_peer(worker: int, timeout_s: float) -> None:
   """Raises (UnavailableError, DeadlineExceededError...) unless `worker` answers.
 
-  TensorFlow's binding holds the GIL until the answer or the timeout: every
-  Python thread of this process waits that long (a check of a frozen peer
-  freezes the main thread for the whole `timeout_s`), so keep `timeout_s`
-  short where the process has other work.
+  TensorFlow's binding holds the GIL until the answer or the timeout, stopping
+  every Python thread of this process that long: keep `timeout_s` short.
   """
   eager_context.context().check_collective_ops_peer_health(
       f"/job:{mesh_lib.JOB}/replica:0/task:{worker}",

@@ -1,8 +1,7 @@
 """The other workers of a job, seen from one: joining them, and noticing a loss.
 
-Outside steps, a replicator talks to its peers eagerly: once to wait for them
-to start, then to give them the chief's initial values of new variables and to
-merge the counters of `Checkpointer` (its barrier, its agreement on a step).
+Outside steps a replicator talks to its peers eagerly: to wait for them, to give
+them the chief's initial values, and for `Checkpointer`'s barrier and agreements.
 """
 
 import hashlib
@@ -27,8 +26,7 @@ class Peers:
     mesh: a mesh of several workers.
     keys: the replicator's `CollectiveKeys`.
     device: where this worker's eager collectives run.
-    timeout_s: `AllReduceOptions.timeout_s`, which sets how long to wait for a
-      peer.
+    timeout_s: `AllReduceOptions.timeout_s`: how long to wait for a peer.
   """
 
   def __init__(self, mesh: Mesh, keys: cluster.CollectiveKeys, device: str,
@@ -100,10 +98,9 @@ class Peers:
   def send_initial_values(self, variables, steps_completed: int):
     """Every copy of `variables` takes the chief's first copy's value.
 
-    Eagerly, and packed as gradients are: a few collectives, not one per
-    variable (a ResNet-50 and its optimizer make about 530), and no function
-    to trace and optimize, which would cost a large model's first call more
-    than the values' travel does. `steps_completed`: as for `merge`.
+    Eagerly (a function to trace would cost a large model's first call more
+    than the values' travel does), packed as gradients are: a few collectives,
+    not one per variable. `steps_completed`: as for `merge`.
     """
     try:
       fixed = [v for v in variables if v.shape.is_fully_defined()]
@@ -181,8 +178,7 @@ class NewVariables:
     peers: the replicator's `Peers`.
     created: the replicator's replicated variables in creation order (a list
       that grows as it makes them).
-    steps_completed: returns the replicator's steps so far (what a
-      `WorkerLost` raised meanwhile reports).
+    steps_completed: returns the replicator's steps so far (for `WorkerLost`).
   """
 
   def __init__(self, peers: Peers, created: list, steps_completed):
