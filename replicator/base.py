@@ -27,7 +27,6 @@ from replicator.multiworker import cluster
 from replicator.multiworker import peers
 
 ReduceOp = reduce_options.ReduceOp
-_MAX_STEPS = 2**63 - 1
 
 
 class Replicator:
@@ -54,8 +53,7 @@ class Replicator:
       self._keys = cluster.CollectiveKeys(mesh.num_workers, mesh.worker_index,
                                              timeout_s=0)
       self._keys.crowded = cluster.host_is_crowded(mesh)
-      self._placement = tuple(cluster.device_name(mesh.worker_index, d)
-                              for d in mesh.local_devices)
+      self._placement = tuple(mesh.devices[r] for r in mesh.local_replica_ids)
       self._peers = peers.Peers(mesh, self._keys, self._placement[0],
                                 all_reduce.timeout_s)
     else:
@@ -128,7 +126,7 @@ class Replicator:
 
   def random_generator(self, seed: int):
     """A random generator that gives each replica its own stream from `seed`
-    (`tf.random.Generator`'s methods, drawn in a step)."""
+    (`tf.random.Generator`'s methods, drawn in a step; a `Checkpointer` saves it)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
       raise TypeError(f"seed: expected an int, got {seed!r}.")
     return self._engine.random_generator(seed)
@@ -202,19 +200,6 @@ class Replicator:
     and a step that returns nothing, come back as `None`. Raises
     `InputExhausted` when `input_fn`'s data ran out before `steps` steps.
     """
-    self._check_run(step_fn, args, steps)
-    iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
-    completed, outputs, uneven = self._engine.run(
-        step_fn, input_fn, iterator, element_spec, int(steps), args,
-        count=lambda ran: self._count_steps(input_fn, ran),
-        uneven_batches=self._inputs.allows_uneven_batches(input_fn))
-    if completed < steps:
-      raise errors.InputExhausted(completed, outputs if completed else None,
-                                   uneven_batches=uneven)
-    return outputs
-
-  def _check_run(self, step_fn, args, steps):
-    """Raises for `run`'s arguments, as every engine takes them."""
     self._check_open("run")
     if not tf.executing_eagerly():
       raise RuntimeError(
@@ -224,18 +209,26 @@ class Replicator:
     if not callable(step_fn):
       raise TypeError(f"step_fn: expected a callable, got {step_fn!r}.")
     if (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or
-        not 1 <= steps <= _MAX_STEPS):
+        not 1 <= steps <= 2**63 - 1):
       raise ValueError(
           f"steps: expected an int in [1, 2**63 - 1] (the compiled loop counts "
           f"steps in an int64), got {steps!r}. Pass the number of steps to run.")
     if not isinstance(args, (tuple, list)):
       raise TypeError(f"args: expected a tuple of step_fn arguments, got {args!r}.")
+    iterator, element_spec = self._inputs.get(input_fn, self._check_dataset)
 
-  def _count_steps(self, input_fn, ran: int):
-    """Counts `ran` steps done: the replicator's, and `input_fn`'s position."""
-    self._steps_completed += ran
-    if input_fn is not None:
-      self._inputs.count_steps(input_fn, ran)
+    def count(ran: int):  # the replicator's steps, and input_fn's position
+      self._steps_completed += ran
+      if input_fn is not None:
+        self._inputs.count_steps(input_fn, ran)
+
+    completed, outputs, uneven = self._engine.run(
+        step_fn, input_fn, iterator, element_spec, int(steps), args, count=count,
+        uneven_batches=self._inputs.allows_uneven_batches(input_fn))
+    if completed < steps:
+      raise errors.InputExhausted(completed, outputs if completed else None,
+                                   uneven_batches=uneven)
+    return outputs
 
   def _replicated_variables(self):
     """Every variable made in `context()` or in a step, in creation order."""
@@ -258,14 +251,10 @@ class Replicator:
   def resume_inputs(self, saved: positions.SavedPositions) -> None:
     """Makes each input start after the steps a checkpoint recorded.
 
-    `saved` is shared by every replicator the checkpoint is restored into;
-    this one claims the record of the first input it runs afterwards that a
-    record names (`SavedPositions.claim`), so each replicator resumes the
-    inputs it runs. Inputs started before the restore start again at their
-    next use, from the checkpoint's position (the beginning if it has none).
-    Exact when the record's topology is this job's and the input is
-    deterministic; otherwise the same number of steps is skipped and a
-    warning says so.
+    This replicator claims the record of `saved` (shared by every replicator
+    the checkpoint is restored into) that names the first input it runs
+    afterwards. Inputs started before the restore start again at their next
+    use, from the checkpoint's position (the beginning if it has none).
     """
     self._inputs.resume(saved)
 

@@ -34,16 +34,12 @@ class Checkpointer:
   step saved before) leaves the previous checkpoint restorable, on a local
   disk or on object storage (`tf.io.gfile` paths). A replicated variable is
   saved once, so a checkpoint restores on any number of replicas or workers.
-  It also keeps how many steps each input of each replicator has taken; on
-  restore each replicator's inputs continue from there (exactly on the same
-  topology with a deterministic input_fn; on another topology the same number
-  of steps is skipped, with a warning). Create the replicators before
-  `restore_latest`. `repl.random_generator(seed)` can be saved too.
-
-  A name given here that the checkpoint lacks is an error on restore (nothing
-  would be restored into it); a name in the checkpoint that is not given here
-  is skipped with a warning. An optimizer saved wrapped (`wrap_optimizer`'s
-  result) restores into the optimizer it wraps, and the other way round.
+  It also keeps how many steps each input of each replicator has taken, and
+  each replicator's inputs continue from there (exactly on the same topology
+  with a deterministic input_fn; elsewhere the same number of steps is
+  skipped, with a warning): create the replicators before `restore_latest`.
+  An optimizer saved wrapped (`wrap_optimizer`'s result) restores into the
+  optimizer it wraps, and the other way round.
 
   >>> import tempfile
   >>> counter = tf.Variable(3)
@@ -123,19 +119,23 @@ class Checkpointer:
   def save(self, step: int) -> Optional[str]:
     """Writes a checkpoint for `step` (chief only); returns its path or None.
 
-    Pass the number of steps completed (after the step with index i of a
-    `for step in range(start, n)` loop, `step + 1`): `restore_latest()` returns
-    it, and `range(restore_latest() or 0, n)` then runs the first step not done.
-
-    On several workers every worker returns once the chief's checkpoint is
-    visible, so a `restore_latest` right after finds it on every worker.
+    Pass the number of steps completed (`step + 1` after the step with index
+    `step`): `restore_latest()` returns it. On several workers every worker
+    returns once the chief's checkpoint is visible, so a `restore_latest` right
+    after finds it on every worker.
     """
     _check_outside_steps("save", "call checkpointer.save(step) between repl.run calls, "
                          "outside step_fn and any tf.function")
     if (isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer))
         or step < 0):
       raise ValueError(f"step: expected an int >= 0, got {step!r}.")
-    path = self._write(int(step)) if _is_chief() else None
+    # The chief writes: worker 0 of its replicators' cluster. A local replicator
+    # (one worker) says nothing about the cluster; without a multi-worker one,
+    # TF_CONFIG decides (absent: a one-process job).
+    clustered = [r for r in list(base.Replicator.live) if r.num_workers > 1]
+    chief = (all(r.is_chief for r in clustered) if clustered
+             else mesh_lib.worker_index_in_tf_config() == 0)
+    path = self._write(int(step)) if chief else None
     workers = _clustered_replicator()
     if workers is not None:  # a barrier: the chief arrives after its pointer
       workers._across_workers([0], "Add")  # pylint: disable=protected-access
@@ -168,12 +168,11 @@ class Checkpointer:
   def restore_latest(self, *, allow_missing=(), fall_back: bool = False) -> Optional[int]:
     """Restores the newest complete checkpoint; returns its step (None if none).
 
-    The step returned is the number `save` was given: the steps completed, so
-    `start = checkpointer.restore_latest() or 0` then `range(start, n)` goes on
-    without repeating a step; `start == n` means the run had finished.
-
+    The step is the number `save` was given, the steps completed:
+    `range(restore_latest() or 0, n)` goes on without repeating a step.
     Variables that do not exist yet (modules built on first call, optimizer
-    slots) get their values when they are created.
+    slots) get their values when they are created. A name in the checkpoint
+    that was not given to the constructor is skipped with a warning.
 
     Args:
       allow_missing: names given to the constructor that the checkpoint may
@@ -196,7 +195,13 @@ class Checkpointer:
     """
     _check_outside_steps("restore_latest", "call checkpointer.restore_latest() before "
                          "the repl.run calls, outside step_fn and any tf.function")
-    allow_missing = self._check_allow_missing(allow_missing)
+    names = [allow_missing] if isinstance(allow_missing, str) else allow_missing
+    if (not isinstance(names, (list, tuple, set, frozenset))
+        or not all(isinstance(n, str) for n in names)
+        or set(names) - set(self._trackables)):
+      raise ValueError(
+          f"allow_missing: expected names given to this Checkpointer "
+          f"({sorted(self._trackables)}), got {allow_missing!r}.")
     if not isinstance(fall_back, bool):
       raise TypeError(f"fall_back: expected True or False, got {fall_back!r}.")
     try:
@@ -209,7 +214,7 @@ class Checkpointer:
       return None
     name, step, records = self._restorable(pointer, fall_back)
     path = os.path.join(self._directory, name)
-    self._restoring = tf.train.Checkpoint(**self._matched(path, allow_missing))
+    self._restoring = tf.train.Checkpoint(**self._matched(path, frozenset(names)))
     self._restoring.read(path).expect_partial()  # unbuilt variables come later
     saved = positions.SavedPositions(records or [])
     for repl in _open_replicators():
@@ -265,16 +270,6 @@ class Checkpointer:
         "so they would restore different states. Only the chief writes: give "
         "every worker the same directory on storage they all see (a shared "
         "file system, or object storage such as gs://...).")
-
-  def _check_allow_missing(self, allow_missing) -> frozenset:
-    names = [allow_missing] if isinstance(allow_missing, str) else allow_missing
-    if (not isinstance(names, (list, tuple, set, frozenset))
-        or not all(isinstance(n, str) for n in names)
-        or set(names) - set(self._trackables)):
-      raise ValueError(
-          f"allow_missing: expected names given to this Checkpointer "
-          f"({sorted(self._trackables)}), got {allow_missing!r}.")
-    return frozenset(names)
 
   def _matched(self, path: str, allow_missing: frozenset) -> dict:
     """The trackables to restore from `path`, checked against what it holds."""
@@ -333,12 +328,9 @@ _UNREADABLE = -2  # the step a worker reports when its pointer file is corrupt
 
 
 def _check_outside_steps(method: str, fix: str):
-  """Raises inside step_fn or a tf.function, where files must not be touched.
-
-  There the pointer would be written while the step is traced (once per
-  replica, before any value exists), and the traced write of the data would
-  then replace that checkpoint's files at every step.
-  """
+  """Raises inside step_fn or a tf.function: there the pointer would be written
+  while the step is traced, and the traced write of the data would then replace
+  that checkpoint's files at every step."""
   if replica_context.current() is not None or tf.inside_function():
     raise RuntimeError(
         f"{method}: called inside step_fn or a tf.function, where it would run once "
@@ -357,18 +349,6 @@ def _clustered_replicator():
   return clustered[-1] if clustered else None
 
 
-def _is_chief() -> bool:
-  """Whether this process writes: worker 0 of its replicators' cluster.
-
-  A local replicator (one worker) says nothing about the cluster; without a
-  multi-worker one, TF_CONFIG decides (absent: a one-process job).
-  """
-  clustered = [r for r in list(base.Replicator.live) if r.num_workers > 1]
-  if clustered:
-    return all(r.is_chief for r in clustered)
-  return mesh_lib.worker_index_in_tf_config() == 0
-
-
 def _variables_of(trackable) -> list:
   if isinstance(trackable, tf.Variable):
     return [trackable]
@@ -378,12 +358,9 @@ def _variables_of(trackable) -> list:
 
 
 def _input_records(trackables: dict) -> list:
-  """The input positions and topology of every open replicator that took input.
-
-  First the replicators whose variables are saved, then the others; newest
-  first in each: the first record that names an input resumes it (in a
-  notebook, an older replicator may still be open).
-  """
+  """The input positions and topology of every open replicator that took input:
+  those whose variables are saved first, newest first in each, as the first
+  record that names an input resumes it (an older replicator may still be open)."""
   saved = {id(getattr(v, "_value", v))  # a Keras 3 variable wraps ours
            for trackable in trackables.values() for v in _variables_of(trackable)}
 

@@ -1,12 +1,9 @@
 """A checkpoint's files: their names, cleaning up, and whether they read whole.
 
-TensorFlow finds a damaged checkpoint only while restoring it, in its own
-words (a truncated data file: `IndexError: Read less bytes than requested`,
-naming neither the checkpoint nor the file), and a variable made after the
-restore (a module built on its first call) would meet the damage in its first
-step. `damage` reads every tensor through a checkpoint reader first, which
-touches no variable; `Checkpointer.restore_latest` restores only a checkpoint
-that read whole, and names the one it could not (`errors.CheckpointCorrupted`).
+TensorFlow finds a damaged checkpoint only while restoring it, naming neither
+the checkpoint nor the file (`IndexError: Read less bytes than requested`), and
+a variable made after the restore would meet the damage in its first step:
+`damage` reads every tensor first, through a reader that touches no variable.
 """
 
 import os
@@ -29,11 +26,6 @@ def step_of(name: str) -> Optional[int]:
   """The step of a checkpoint named `ckpt-<step>[-<id>]` (None for another name)."""
   match = _NAME.match(name)
   return int(match.group(1)) if match else None
-
-
-def is_unique_name(name: str) -> bool:
-  match = _NAME.match(name)
-  return bool(match and match.group(2))
 
 
 def pointer_unreadable(directory: str, path: str, found: str, pointer: str) -> ValueError:
@@ -63,7 +55,8 @@ def remove_all_but(directory: str, kept, dropped, pointer: str):
     name = os.path.basename(file).split(".")[0]
     shards = name.endswith(SHARDS_FOLDER)
     name = name[:-len(SHARDS_FOLDER)] if shards else name
-    if not (name in dropped or (is_unique_name(name) and name not in kept)):
+    match = _NAME.match(name)  # with a unique id: a save's own, maybe orphaned
+    if not (name in dropped or (match and match.group(2) and name not in kept)):
       continue
     if not tf.io.gfile.isdir(file):
       tf.io.gfile.remove(file)
@@ -84,9 +77,13 @@ def damage(prefix: str) -> Optional[Tuple[str, str]]:
   if not tf.io.gfile.exists(index):
     return index, "the index file is missing"
   data_files = sorted(tf.io.gfile.glob(prefix + ".data-*-of-*"))
-  missing = _missing_shards(prefix, data_files)
-  if missing:
-    return missing[0], f"this data shard is missing (of {', '.join(missing)})"
+  counts = {int(_DATA_FILE.search(f).group(2)) for f in data_files if _DATA_FILE.search(f)}
+  if len(counts) == 1:  # the shards the others' names say exist
+    shards = counts.pop()
+    expected = (f"{prefix}.data-{i:05d}-of-{shards:05d}" for i in range(shards))
+    missing = [f for f in expected if f not in data_files]
+    if missing:
+      return missing[0], f"this data shard is missing (of {', '.join(missing)})"
   try:
     reader = tf.train.load_checkpoint(prefix)
     keys = sorted(reader.get_variable_to_shape_map())
@@ -100,7 +97,9 @@ def damage(prefix: str) -> Optional[Tuple[str, str]]:
     try:
       reader.get_tensor(key)
     except Exception as error:  # pylint: disable=broad-except  (any read failure)
-      culprit = _culprit(error, data_files)
+      named = _DATA_FILE.search(str(error))
+      culprit = (named.group(0) if named else " or ".join(data_files)
+                 or "its data files (none is there)")
       return culprit, _problem(error, key, culprit)
   return None
 
@@ -130,25 +129,6 @@ def corrupted(directory: str, name: str, step: int, found: Tuple[str, str],
       f"{problem}. Nothing was restored or deleted. {then}",
       checkpoint=name, step=step, path=path, problem=problem, previous=previous,
       previous_step=None if previous is None else step_of(previous))
-
-
-def _missing_shards(prefix: str, data_files: Sequence[str]) -> list:
-  """The data files of `prefix` that the others' names say exist, but do not."""
-  counts = {int(_DATA_FILE.search(f).group(2)) for f in data_files if _DATA_FILE.search(f)}
-  if len(counts) != 1:
-    return []
-  shards = counts.pop()
-  expected = [f"{prefix}.data-{i:05d}-of-{shards:05d}" for i in range(shards)]
-  return [f for f in expected if f not in set(data_files)]
-
-
-def _culprit(error: Exception, data_files: Sequence[str]) -> str:
-  named = _DATA_FILE.search(str(error))
-  if named:
-    return named.group(0)
-  if not data_files:
-    return "its data files (none is there)"
-  return data_files[0] if len(data_files) == 1 else " or ".join(data_files)
 
 
 def _problem(error: Exception, key: str, path: str) -> str:

@@ -21,12 +21,10 @@ class GpuReplicator(base.Replicator):
   Args:
     device: the device (default: the first GPU, else the CPU).
     jit_compile: compile each step, the optimizer's update included, as one
-      XLA computation (`tf.function(jit_compile=True)`): fused kernels, static
-      shapes required. An op XLA cannot compile fails on the first `run`.
-      Several replicas cannot share one XLA computation (it runs on one
-      device), so `MultiGpuReplicator` has no such switch: there, compile
-      the model's forward and backward pass inside `step_fn` with
-      `tf.function(jit_compile=True)` and leave the optimizer outside.
+      XLA computation: fused kernels, static shapes required (an op XLA cannot
+      compile fails on the first `run`). One computation runs on one device:
+      with several replicas (`MultiGpuReplicator`), compile the forward and
+      backward pass inside `step_fn` with `tf.function(jit_compile=True)`.
 
   >>> repl = GpuReplicator(device="/cpu:0")
   >>> repl.num_replicas
@@ -70,9 +68,6 @@ class MultiGpuReplicator(base.Replicator):
       count `python -m replicator.launch --devices-per-worker` gives, else
       every logical CPU that exists (one, unless configured).
 
-  On a CPU-only machine, `MultiGpuReplicator(cpu_replicas=2).num_replicas`
-  is 2; with one GPU it is 1.
-
   Workers talk through TensorFlow's gRPC collectives, which are not
   authenticated: run them on a trusted network only. Create the replicator
   before running any TensorFlow op, so that it can start the worker's server.
@@ -85,12 +80,11 @@ class MultiGpuReplicator(base.Replicator):
                                      not isinstance(cpu_replicas, int) or
                                      cpu_replicas < 1):
       raise ValueError(f"cpu_replicas: expected an int >= 1, got {cpu_replicas!r}.")
-    logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)  # set by replicator.launch
-    if cpu_replicas is None and logical_cpus:
-      if not tf.config.list_physical_devices("GPU"):
-        mesh_lib.configure_logical_cpus(int(logical_cpus))
+    logical_cpus = os.environ.get(LOGICAL_CPUS_ENV)
+    gpus = tf.config.list_physical_devices("GPU")  # does not start the runtime
+    if cpu_replicas is None and logical_cpus and not gpus:
+      mesh_lib.configure_logical_cpus(int(logical_cpus))
     elif cpu_replicas is not None:
-      gpus = tf.config.list_physical_devices("GPU")
       if gpus:
         logging.info("MultiGpuReplicator: %d GPU(s) visible, so cpu_replicas=%d is "
                      "not used (hide the GPUs with CUDA_VISIBLE_DEVICES= to train "

@@ -3,30 +3,9 @@
   python -m replicator.launch --workers 2 [--devices-per-worker 2] [--log-dir DIR]
       [--tee {chief,all}] [--max-restarts N] [--host ADDRESS] -- python train.py ARGS
 
-`replicator-launch` is the same command, installed as a console script.
-
-Each worker gets `TF_CONFIG`, which lists every worker's address (`--host`,
-127.0.0.1 by default, with a free port each) and gives the worker its index
-(worker 0 is the chief), and `REPLICATOR_RESTART_COUNT`, the attempt it belongs
-to (0, then 1 after the first restart, ...).
-
-Output: each line a worker prints is prefixed with `[worker i]`, the launcher's
-own lines with `[launch]`. By default (`--tee chief`) only worker 0's lines
-reach the terminal; `--tee all` shows every worker's. `--log-dir DIR` also
-writes each worker's lines, unprefixed, to DIR/worker_<i>.log (replaced when a
-job starts, appended to after a separator line when it restarts). When a worker
-whose lines the terminal did not show fails, its last 20 lines are printed after
-the failure, so its error is never lost.
-
-Failures: when a worker exits with a non-zero code (an error such as
-`replicator.WorkerLost`, or killed by a signal), the others are stopped
-(SIGTERM, then SIGKILL after 5 s). With `--max-restarts N`, the whole job then
-starts again, on fresh ports with the same command, up to N times; the script
-resumes from its last checkpoint (`start = checkpointer.restore_latest() or 0`).
-The launcher exits with 0 when the last attempt succeeds, otherwise with the
-failed worker's code (128 + N for a worker killed by signal N). Interrupted
-(Ctrl-C, SIGTERM, SIGHUP), it stops the workers, never restarts them, and exits
-with 128 + the signal's number.
+`replicator-launch` is the same command, installed as a console script. README.md
+("Several workers") describes the workers' environment, output, failures and restarts;
+`--help` lists the options.
 
 Security: TensorFlow's gRPC collectives are unauthenticated, and TensorFlow's
 server listens on every interface of its port (it has no bind-address option);
@@ -65,7 +44,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
 
 def worker_environments(num_workers: int, host: str = "127.0.0.1",
                         devices_per_worker: Optional[int] = None,
-                        base_env=None, restart_count: int = 0) -> List[dict]:
+                        restart_count: int = 0) -> List[dict]:
   """Each worker's environment: `TF_CONFIG` on fresh ports, and the attempt's number."""
   try:
     ports = free_ports(num_workers, host)
@@ -75,7 +54,7 @@ def worker_environments(num_workers: int, host: str = "127.0.0.1",
   addresses = [f"{host}:{port}" for port in ports]
   envs = []
   for index in range(num_workers):
-    env = dict(os.environ if base_env is None else base_env)
+    env = dict(os.environ)
     env["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
                                    "task": {"type": "worker", "index": index}})
     env[RESTART_COUNT_ENV] = str(restart_count)
@@ -92,7 +71,7 @@ def launch(command: Sequence[str], num_workers: int, host: str = "127.0.0.1",
   """Runs `command` as `num_workers` workers; returns the launcher's exit code.
 
   `out` (sys.stdout by default) gets the lines shown on the terminal. The other
-  arguments are the command line's options (see the module's docstring).
+  arguments are the command line's options (`--help`).
 
   Raises:
     ValueError: an argument is out of range, or the command cannot start.
@@ -156,17 +135,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
   return parser
 
 
-def _prog() -> str:
-  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-  return "replicator-launch" if name.startswith("replicator-launch") \
-      else "python -m replicator.launch"
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """The command line (`python -m replicator.launch`, `replicator-launch`); returns the
   exit code: `sys.exit(main())`."""
   argv = list(sys.argv[1:] if argv is None else argv)
-  prog = _prog()
+  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+  prog = ("replicator-launch" if name.startswith("replicator-launch")
+          else "python -m replicator.launch")
   parser = _parser(prog)
   split = argv.index("--") if "--" in argv else len(argv)
   command = argv[split + 1:]

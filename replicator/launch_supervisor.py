@@ -1,8 +1,6 @@
 """The launcher's worker processes: started, their lines routed, watched, stopped, restarted.
 
-`replicator.launch` parses the command line and builds each worker's environment;
-this module runs the job: one attempt after another, until the workers succeed,
-the restarts run out, or the launcher is interrupted.
+`replicator.launch` builds each worker's environment; this module runs the job's attempts.
 """
 
 import collections
@@ -29,22 +27,6 @@ _DRAIN_S = 5.0
 
 def log_path(log_dir: str, index: int) -> str:
   return os.path.join(log_dir, f"worker_{index}.log")
-
-
-def describe_exit(status: int) -> str:
-  """`exited with code -9 (killed by SIGKILL)` for a `Popen.returncode`."""
-  if status >= 0:
-    return f"exited with code {status}"
-  try:
-    name = signal.Signals(-status).name
-  except ValueError:
-    name = f"signal {-status}"
-  return f"exited with code {status} (killed by {name})"
-
-
-def exit_code(status: int) -> int:
-  """The launcher's exit code for a worker's `Popen.returncode`, as a shell gives it."""
-  return status if status >= 0 else 128 - status
 
 
 class Terminal:
@@ -180,11 +162,7 @@ class _WorkerGroup:
 
 
 class _Stopped(Exception):
-  """The launcher got SIGTERM or SIGHUP."""
-
-  def __init__(self, signum: int):
-    super().__init__(signum)
-    self.signum = signum
+  """The launcher got SIGTERM or SIGHUP (the signal's number is `args[0]`)."""
 
 
 def _raise_stopped(signum, unused_frame):
@@ -215,7 +193,12 @@ def supervise(command: Sequence[str], make_envs: Callable[[int], List[dict]],
       if failure is None:
         return 0
       index, status = failure
-      reason = f"worker {index} {describe_exit(status)}"
+      reason = f"worker {index} exited with code {status}"
+      if status < 0:  # killed by signal -status
+        try:
+          reason += f" (killed by {signal.Signals(-status).name})"
+        except ValueError:
+          reason += f" (killed by signal {-status})"
       restarting = restart < max_restarts
       if restarting:
         restart += 1
@@ -229,17 +212,18 @@ def supervise(command: Sequence[str], make_envs: Callable[[int], List[dict]],
       group.drain()
       group.print_tail(index)
       if not restarting:
-        return exit_code(status)
+        return status if status >= 0 else 128 - status  # as a shell gives it
       group = _WorkerGroup(terminal, tee_all, log_dir)
   except KeyboardInterrupt:
     terminal.launcher("interrupted (SIGINT); stopping the workers.")
     group.stop()
     return 128 + signal.SIGINT
   except _Stopped as stopped:
-    terminal.launcher(f"got signal {stopped.signum} ({signal.Signals(stopped.signum).name}); "
+    signum = stopped.args[0]
+    terminal.launcher(f"got signal {signum} ({signal.Signals(signum).name}); "
                       "stopping the workers.")
     group.stop()
-    return 128 + stopped.signum
+    return 128 + signum
   finally:
     for s, handler in handlers.items():
       signal.signal(s, handler)

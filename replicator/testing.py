@@ -13,11 +13,9 @@ from replicator.mesh import configure_logical_cpus  # noqa: F401  (public here)
 
 @contextlib.contextmanager
 def merges_as_collectives():
-  """Within: local replicas merge their variables' writes as between physical
-  GPUs or workers, where a merge is a collective and a float mean's (or the
-  first replica's value's) waits for the end of the step. On logical CPUs (or
-  logical GPUs of one GPU), where a merge is an `add_n` made at the write,
-  this runs that path in one process. Steps traced within keep it.
+  """Within: local replicas merge their variables' writes by collectives, as
+  between physical GPUs or workers (on logical devices a merge is an `add_n`),
+  so that one process runs that path. Steps traced within keep it.
   """
   merged_by_collectives = reductions.merged_by_collectives
   reductions.merged_by_collectives = lambda devices, workers=None: True
@@ -30,14 +28,8 @@ def merges_as_collectives():
 def tpu_engine_on_cpus(num_replicas: int = 2):
   """A `TpuReplicator` on the strategy engine, over `num_replicas` logical CPUs.
 
-  `TpuReplicator(num_tpu_cores_per_worker=num_replicas, emulate_on_cpu=True)`:
-  the engine `TpuReplicator()` runs on a TPU, with a stand-in for
-  `TPUStrategy`, Sonnet's `Replicator` (a `MirroredStrategy`) over logical
-  CPU devices (1, 2, 4 or 8, as a TPU host has cores). Each step is compiled
-  with XLA before its first run, as a TPU compiles it, so a step a TPU cannot
-  compile fails here too. What the stand-in cannot show: the TPU's own
-  compiler and memory, and `TPUStrategy`'s host loop (docs/design.md, "The
-  strategy engine").
+  `TpuReplicator(num_tpu_cores_per_worker=num_replicas, emulate_on_cpu=True)`,
+  the TPU emulator (1, 2, 4 or 8 replicas, as a TPU host has cores).
 
   >>> repl = tpu_engine_on_cpus(2)
   >>> repl.num_replicas
@@ -51,27 +43,13 @@ def tpu_engine_on_cpus(num_replicas: int = 2):
 def tpu_engine_on_fake_tpu(num_cores: int = 8, num_hosts: int = 1):
   """A `TpuReplicator` on TensorFlow's real `TPUStrategy`, over a fake TPU.
 
-  The TPU exists only as metadata (`FakeTpuResolver`): no TPU, no TPU
-  kernels. `TPUStrategy` and Sonnet's `TpuReplicator` are built on it as on a
-  Colab TPU, its variables are real `TPUDistributedVariable`s (packed, with
-  the TPU's variable policies), and `run` traces the whole call exactly as
-  the TPU's host would: the loop of `steps`, `strategy.run` inside the TPU's
-  replicate context, every collective as `cross_replica_sum`, the merges of
-  every write, the optimizer. It then returns zeros of the traced shapes and
-  dtypes instead of executing (executing needs the TPU's kernels:
-  `TPUReplicatedInput` has none on a CPU), so the values that come back,
-  and the variables after a step, say nothing. Variables are made eagerly,
-  every core's copy on the CPU, so their initial values and what a
-  checkpoint restores into them are real; but `TPUStrategy`'s own writes
-  outside a step (`variable.assign` through its packed handle) find copies
-  by device, and reach only the first copy here, where all share one.
-
-  What a trace shows: a step a TPU's host cannot build (a dtype
-  `cross_replica_sum` refuses, a gradient lost in `TPUStrategy`'s variables,
-  a call TPUStrategy forbids in its replicate context). What it cannot
-  show: the TPU compiler's verdict (a dynamic shape, an op with no TPU
-  kernel), memory, numerics and execution; `tpu_engine_on_cpus` executes
-  the same engine, and `python -m benchmarks.checks.tpu_check` checks it on a TPU.
+  The TPU exists only as metadata (`FakeTpuResolver`): `TPUStrategy` and its
+  packed `TPUDistributedVariable`s are real, and `run` traces the whole call
+  as a TPU's host would, then returns zeros of the traced shapes and dtypes
+  instead of executing (a CPU has no TPU kernels). Variables are made
+  eagerly, every core's copy on the CPU, so initial values and restores are
+  real; `TPUStrategy`'s own writes outside a step reach only the first copy.
+  README.md ("On a TPU") says what a trace shows and what only a TPU can.
 
   Args:
     num_cores: TPU cores per host (1, 2, 4 or 8).
@@ -96,11 +74,9 @@ _HOST_COORDINATES = [(0, 0, 0, 0), (0, 0, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1),
 
 
 class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
-  """A `TPUClusterResolver` of a TPU that exists only as metadata.
-
-  `TPUStrategy` asks a resolver for the TPU system's metadata (cores, hosts,
-  topology, devices); this one answers with a TPU v2/v3's, without
-  connecting to anything or initializing a TPU.
+  """A `TPUClusterResolver` of a TPU that exists only as metadata: it answers
+  `TPUStrategy`'s questions (cores, hosts, topology, devices) as a TPU v2/v3's
+  would, without connecting to anything or initializing a TPU.
 
   Args:
     num_cores: cores per host (1, 2, 4 or 8).
@@ -117,15 +93,13 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
     self._num_cores = num_cores
     self._num_hosts = num_hosts
 
-  def _job(self):
-    return "localhost" if self._num_hosts == 1 else "worker"
-
   def get_tpu_system_metadata(self):
     # pylint: disable=import-outside-toplevel
     from tensorflow.python.client import session
     from tensorflow.python.tpu import topology as topology_lib
     from tensorflow.python.tpu import tpu_system_metadata
     cores, hosts = self._num_cores, self._num_hosts
+    job = "localhost" if hosts == 1 else "worker"
     used = _HOST_COORDINATES[:cores]
     mesh = [max(c[i] for c in used) + 1 for i in range(4)]
     coordinates = np.array(
@@ -136,7 +110,7 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
                                      device_coordinates=coordinates)
     devices = []
     for host in range(hosts):
-      task = f"/job:{self._job()}/replica:0/task:{host}"
+      task = f"/job:{job}/replica:0/task:{host}"
       devices += [session._DeviceAttributes(f"{task}/device:TPU:{i}", "TPU", 0, 0)  # pylint: disable=protected-access
                   for i in range(cores)]
       devices.append(session._DeviceAttributes(f"{task}/device:CPU:0", "CPU", 0, 0))  # pylint: disable=protected-access
@@ -148,9 +122,6 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
     del task_type, task_id, rpc_layer
     return ""
 
-  def get_master(self):
-    return ""
-
   def cluster_spec(self):
     if self._num_hosts == 1:
       return tf.train.ClusterSpec({})
@@ -158,19 +129,11 @@ class FakeTpuResolver(tf.distribute.cluster_resolver.TPUClusterResolver):
                                             for h in range(self._num_hosts)]})
 
   def get_job_name(self):
-    return self._job() if self._num_hosts > 1 else None
-
-  @property
-  def task_type(self):
-    return None
+    return "worker" if self._num_hosts > 1 else None
 
   @property
   def task_id(self):
     return 0
-
-  @property
-  def environment(self):
-    return ""
 
   def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
     del task_type, task_id, config_proto

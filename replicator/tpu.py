@@ -16,14 +16,6 @@ from replicator.engines.strategy import engine as strategy_engine
 _SUPPORTED_CORES = (1, 2, 4, 8)
 
 
-def _check_cores(num_tpu_cores_per_worker):
-  if num_tpu_cores_per_worker not in _SUPPORTED_CORES:
-    raise ValueError(
-        f"num_tpu_cores_per_worker: {num_tpu_cores_per_worker!r} is not a TPU "
-        f"host size; use one of {_SUPPORTED_CORES} (v2/v3 hosts: 8 cores, v4: "
-        "4 chips, v5e-1: 1), or None to read it from the TPU.")
-
-
 def _tpu_address(tpu: Optional[str]) -> str:
   if tpu is not None:
     return tpu
@@ -58,12 +50,9 @@ def _logical_cpus(cores: int):
 
 class _StandIn(snt.distribute.Replicator):
   """The stand-in for `TPUStrategy` on logical CPUs: Sonnet's `Replicator`
-  (a `MirroredStrategy`) whose collectives have group keys of their own.
-
-  Each `MirroredStrategy` numbers its collective groups from 1: two of them
-  of different sizes in one process would meet at group 1 and abort every
-  collective of the process.
-  """
+  (a `MirroredStrategy`) whose collectives have group keys of their own (each
+  `MirroredStrategy` numbers its groups from 1: two of different sizes in one
+  process would meet at group 1 and abort every collective of the process)."""
 
   _instances = itertools.count(1)
 
@@ -84,27 +73,19 @@ class TpuReplicator(base.Replicator):
   """Replicas on the cores of a TPU, or emulated on the CPU.
 
   On a TPU (a Cloud TPU VM, a TPU Node, Colab) the steps run on
-  `tf.distribute`'s `TPUStrategy` (Sonnet's `TpuReplicator`), through the
-  strategy engine (`replicator.engines.strategy`), with the semantics of the
-  other replicators; docs/design.md, "The strategy engine", says where it
-  differs. Not run on a TPU by this project: `python -m benchmarks.checks.tpu_check`
-  checks it there.
+  `tf.distribute`'s `TPUStrategy` (Sonnet's `TpuReplicator`) through the
+  strategy engine, with the other replicators' semantics; docs/design.md, "The
+  strategy engine", says where it differs. Not run on a TPU by this project:
+  `python -m benchmarks.checks.tpu_check` checks it there.
 
-  With `emulate_on_cpu=True` the same strategy engine runs on the CPU, on a
-  stand-in for `TPUStrategy`: Sonnet's `Replicator` (a `MirroredStrategy`)
-  over `num_tpu_cores_per_worker` logical CPU devices, one per core, with its
-  collectives in the replica's context as on a TPU. Before a step's first run
-  it is compiled with XLA to HLO, as a TPU compiles it, so a step that cannot
-  compile with static shapes fails on a laptop first; then TensorFlow's
-  kernels execute it, one thread per replica. XLA on CPU accepts some ops a
-  TPU rejects (dynamic-shape ops such as `tf.boolean_mask`), and the TPU's
-  own compiler, memory and host loop are not there, so passing the emulator
-  is necessary, not sufficient. `tf.print` in a step fails here too (XLA has
-  no print kernel), with an error that says to return the values instead.
-  TensorFlow fixes its devices when it starts: make the replicator before any
+  With `emulate_on_cpu=True` the same engine runs on a stand-in for
+  `TPUStrategy` over logical CPU devices, one per core, each step compiled with
+  XLA to HLO before its first run, as a TPU compiles it: a step that cannot
+  compile with static shapes fails on a laptop first. Necessary, not
+  sufficient: XLA on a CPU accepts some ops a TPU rejects, and the TPU's own
+  compiler, memory and host loop are not there. Make the replicator before any
   TensorFlow op runs, or split the CPU first
-  (`replicator.testing.configure_logical_cpus(n)`, the examples'
-  `--cpu_replicas n`).
+  (`replicator.testing.configure_logical_cpus(n)`).
 
   Args:
     num_workers: TPU hosts: 1, or as many as the TPU found has (a pod slice,
@@ -129,13 +110,23 @@ class TpuReplicator(base.Replicator):
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
       raise ValueError(f"num_workers: expected an int >= 1 (TPU hosts), got "
                        f"{num_workers!r}.")
-    if num_tpu_cores_per_worker is not None:
-      _check_cores(num_tpu_cores_per_worker)
+    if num_tpu_cores_per_worker not in _SUPPORTED_CORES + (None,):
+      raise ValueError(
+          f"num_tpu_cores_per_worker: {num_tpu_cores_per_worker!r} is not a TPU "
+          f"host size; use one of {_SUPPORTED_CORES} (v2/v3 hosts: 8 cores, v4: "
+          "4 chips, v5e-1: 1), or None to read it from the TPU.")
     if strategy is not None:
-      self._from_strategy(strategy, tpu, emulate_on_cpu, num_workers,
-                          num_tpu_cores_per_worker)
-      return
-    if emulate_on_cpu:
+      if tpu is not None or emulate_on_cpu:
+        given = "tpu" if tpu is not None else "emulate_on_cpu"
+        raise ValueError(
+            f"{given}: given together with strategy=; a strategy already says "
+            f"which TPU it runs on. Pass one of them, not both.")
+      if not isinstance(strategy, tf.distribute.TPUStrategy):
+        raise TypeError(
+            f"strategy: expected a tf.distribute.TPUStrategy (or Sonnet's "
+            f"snt.distribute.TpuReplicator), got {type(strategy).__name__}. For "
+            "GPUs and CPUs use MultiGpuReplicator, which needs no strategy.")
+    elif emulate_on_cpu:
       if num_workers != 1:
         raise ValueError(
             f"num_workers: {num_workers} TPU hosts requested with "
@@ -144,34 +135,20 @@ class TpuReplicator(base.Replicator):
       cores = num_tpu_cores_per_worker or 8
       self._on_strategy(_StandIn(devices=_logical_cpus(cores)), stand_in=True)
       return
-    address = _tpu_address(tpu)
-    try:
-      resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
-      tf.config.experimental_connect_to_cluster(resolver)
-      tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as error:
-      reason = str(error).strip().splitlines()[0][:200]
-      raise RuntimeError(
-          f"TpuReplicator: no TPU reachable at {address!r} ({reason}). On a "
-          "Cloud TPU VM or current Colab, install the tensorflow-tpu build; on a "
-          "TPU Node set TPU_NAME (or pass tpu='name'); to try TPU semantics "
-          "without a TPU, pass emulate_on_cpu=True.") from error
-    strategy = snt.distribute.TpuReplicator(resolver)
-    self._on_strategy(strategy, stand_in=False, num_workers=num_workers,
-                      num_tpu_cores_per_worker=num_tpu_cores_per_worker)
-
-  def _from_strategy(self, strategy, tpu, emulate_on_cpu, num_workers,
-                     num_tpu_cores_per_worker):
-    if tpu is not None or emulate_on_cpu:
-      given = "tpu" if tpu is not None else "emulate_on_cpu"
-      raise ValueError(
-          f"{given}: given together with strategy=; a strategy already says "
-          f"which TPU it runs on. Pass one of them, not both.")
-    if not isinstance(strategy, tf.distribute.TPUStrategy):
-      raise TypeError(
-          f"strategy: expected a tf.distribute.TPUStrategy (or Sonnet's "
-          f"snt.distribute.TpuReplicator), got {type(strategy).__name__}. For "
-          "GPUs and CPUs use MultiGpuReplicator, which needs no strategy.")
+    else:
+      address = _tpu_address(tpu)
+      try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+      except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        reason = str(error).strip().splitlines()[0][:200]
+        raise RuntimeError(
+            f"TpuReplicator: no TPU reachable at {address!r} ({reason}). On a "
+            "Cloud TPU VM or current Colab, install the tensorflow-tpu build; on a "
+            "TPU Node set TPU_NAME (or pass tpu='name'); to try TPU semantics "
+            "without a TPU, pass emulate_on_cpu=True.") from error
+      strategy = snt.distribute.TpuReplicator(resolver)
     self._on_strategy(strategy, stand_in=False, num_workers=num_workers,
                       num_tpu_cores_per_worker=num_tpu_cores_per_worker)
 

@@ -1,10 +1,9 @@
 """Each step's batches for the local replicas, and whether the step may run.
 
-A step runs only when every replica, on every worker, has a batch (and, unless
-the input allows uneven batches, all of one size), and on several workers only
-when every worker asked for the same number of steps and made the same
-variables in `repl.context()` since its last run. The status codes say which
-of these stopped a loop; `Replicator.run` turns them into its errors.
+A step runs only when every replica, on every worker, has a batch (all of one
+size, unless the input allows uneven batches), and every worker asked for the
+same steps and made the same variables in `repl.context()` since its last run.
+`StepStatus` says which stopped a loop; `Replicator.run` raises for it.
 """
 
 import enum
@@ -16,16 +15,14 @@ from replicator.collectives import between_workers
 
 
 class StepStatus(enum.IntEnum):
-  """Why a call's steps stopped, or whether the next step may run.
+  """Why a call's steps stopped, or whether the next step may run (READY or more).
 
-  In the graph a status is one int64 (`encode`'s), since it travels between
-  the workers in a collective and through the step loop's variables; in
-  Python, `decode` names it. The encoding: READY and the statuses below it
-  are their values. LAST plus a signal's number (> 0): as READY, and a
-  worker got that signal (SIGINT, SIGTERM): this step runs, no later one, on
-  every worker (`engines.in_graph.interrupts`). INTERRUPTED minus a signal's
-  number: the loop stopped between two steps for that signal. A step runs
-  where the status is READY or more.
+  In the graph a status is one int64 (`encode`'s), as it travels between the
+  workers and through the step loop's variables; `decode` names it. READY and
+  below are their values; LAST plus a signal's number: as READY, and a worker
+  got that signal, so this step runs and no later one, on every worker
+  (`engines.in_graph.interrupts`); INTERRUPTED minus a signal's number: the
+  loop stopped between two steps for that signal.
   """
   READY = 1  # every replica has a batch, all one size
   OUT_OF_DATA = 0  # some replica, on some worker, has none
@@ -94,23 +91,6 @@ def why_stopped(status: tf.Tensor, signum: Optional[Callable[[], tf.Tensor]] = N
   return tf.where(tf.equal(flag, 0), status_tensor(StepStatus.OUT_OF_DATA), interrupted(flag))
 
 
-def _batch_leaf(element_spec):
-  """`(index, static batch size or None)` of the first batched element leaf.
-
-  `(None, 0)` when no leaf has a batch dimension (every leaf a scalar: each
-  replica takes one element a step, and a step's elements are always even). A
-  leaf of unknown rank (from `tf.py_function`, say) may have one, of a size
-  known at run time (a scalar's counts as -1 on every replica: even too).
-  """
-  for index, spec in enumerate(tf.nest.flatten(element_spec)):
-    shape = getattr(spec, "shape", None)
-    if shape is not None and shape.rank is None:
-      return index, None
-    if shape is not None and shape.rank:
-      return index, shape[0]
-  return None, 0
-
-
 def _batch_size(value) -> tf.Tensor:
   if isinstance(value, tf.RaggedTensor):
     return value.nrows(out_type=tf.int64)
@@ -125,10 +105,8 @@ def agreed_element_spec(element_spec, keys, device: str):
   """`element_spec` with each dim that is not one static size on every worker unknown.
 
   A batch dim static on one worker (`drop_remainder=True`) and unknown on
-  another is still one program; traced unknown on every worker, it gives
-  every worker the same collectives (one of a shape known only at run time
-  takes its key at run time, on every worker alike). Dense, ragged and sparse
-  leaves alike. Two collectives, once per compiled step.
+  another is then traced alike on every worker: one program, the same
+  collectives. Two collectives, once per compiled step.
   """
   if keys is None or element_spec is None:
     return element_spec
@@ -149,6 +127,8 @@ def agreed_element_spec(element_spec, keys, device: str):
 
 
 _SHAPED = (tf.TensorSpec, tf.RaggedTensorSpec, tf.SparseTensorSpec)
+# (value, shape): `value` with only the static `shape`.
+_unknown = tf.compat.v1.placeholder_with_default
 
 
 def _with_shape(spec, shape):
@@ -183,11 +163,6 @@ def relaxed(element, spec):
   return tf.nest.map_structure(relax, element, spec, expand_composites=False)
 
 
-def _unknown(value: tf.Tensor, shape) -> tf.Tensor:
-  """`value`, with only the static `shape` (a placeholder that defaults to it)."""
-  return tf.compat.v1.placeholder_with_default(value, shape)
-
-
 class BatchFetcher:
   """The local replicas' batches for one compiled step, and whether it may run."""
 
@@ -199,13 +174,19 @@ class BatchFetcher:
     self._uneven_batches = uneven_batches
 
   def sizes_to_compare(self, element_spec):
-    """`(leaf, static batch size or None)` whose size `fetch` compares.
-
-    None where it compares none (one replica, or one worker with a static batch
-    size): `fetch`'s status is then a bool. With `allow_uneven_batches` the
-    size counts as static (0) and only workers' data is compared.
+    """`(leaf, static batch size or None)` whose size `fetch` compares: the first
+    leaf with a batch dimension (a leaf of unknown rank, from `tf.py_function`
+    say, may have one; a scalar's size counts as -1, even). With none (all
+    scalars), or `allow_uneven_batches`, the size counts as static (0): only
+    workers' data is compared. None where nothing is (one replica, or one
+    worker with a static batch size): `fetch`'s status is then a bool.
     """
-    leaf, static_size = _batch_leaf(element_spec)
+    leaf, static_size = None, 0
+    for index, spec in enumerate(tf.nest.flatten(element_spec)):
+      shape = getattr(spec, "shape", None)
+      if shape is not None and (shape.rank is None or shape.rank):
+        leaf, static_size = index, None if shape.rank is None else shape[0]
+        break
     if self._uneven_batches:
       static_size = 0
     if self._num_replicas == 1 or (self._keys is None and static_size is not None):
@@ -215,23 +196,17 @@ class BatchFetcher:
   def fetch(self, iterator, steps=None, pending=None, signum=None):
     """Takes one element per local replica: `(optionals, status)`.
 
-    Where batches cannot be uneven, `status` is a bool (true: ready), as cheap
-    as can be in the loop. Elsewhere it is READY when every replica, on every
-    worker, got a batch and all those batches are the same size; else
-    OUT_OF_DATA, or UNEVEN when every replica got a batch but of different
-    sizes. The mean over replicas weights every replica's batch alike, so a
-    step with a short last batch on some replicas would not be the step of one
-    replica on the whole batch: such a step does not run, unless the input
-    allows uneven batches (`replicator.allow_uneven_batches`). Sizes are
-    compared at run time only where the batch size is not static; between
-    workers always, in the one collective that also says whether every worker
-    got data, so that every worker runs the same collectives whatever its
-    dataset's shapes. Given `steps` and `pending` (on several workers), that
-    collective also compares the workers' `steps` (STEPS_DIFFER where they
-    differ) and the digests of the variables each made in `repl.context()`
-    since its last run (VARIABLES_DIFFER). Given `signum` (this worker's stop
-    flag, on several workers: 0 or a signal's number), a READY status is LAST
-    plus the largest of the workers'.
+    Where batches cannot be uneven (`sizes_to_compare`), `status` is a bool
+    (true: ready), as cheap as can be in the loop. Elsewhere it is READY when
+    every replica, on every worker, got a batch and all are one size; else
+    OUT_OF_DATA, or UNEVEN when the sizes differ (`allow_uneven_batches` says
+    why such a step does not run). Workers compare always, in one collective,
+    so that every worker runs the same collectives whatever its dataset's
+    shapes; given `steps` and `pending`, it also compares the workers' `steps`
+    (STEPS_DIFFER) and the digests of the variables each made in
+    `repl.context()` since its last run (VARIABLES_DIFFER). Given `signum`
+    (this worker's stop flag: 0 or a signal's number), READY becomes LAST plus
+    the largest of the workers'.
     """
     optionals = [iterator.get_next_as_optional() for _ in self._devices]
     got_all = tf.reduce_all(tf.stack([o.has_value() for o in optionals]))

@@ -1,14 +1,4 @@
-"""What `input_fn` is given, and inputs that need telling apart.
-
-`InputContext` is `input_fn`'s argument: this worker's part of the input and,
-on a resumed job, how far the input had gone. A step runs only when every
-replica has a batch and all are one size, so a plain
-`ds.batch(b, drop_remainder=True)` loses the last examples of an evaluation
-set: `pad_to_global_batch` pads them instead and says which rows are real.
-`allow_uneven_batches` marks a dataset whose batch sizes vary on purpose,
-`skipped_by_input_fn` one that `input_fn` has already moved past the batches a
-checkpoint says were taken.
-"""
+"""What `input_fn` is given (`InputContext`), and what marks or pads the datasets it returns."""
 
 import math
 from typing import Optional
@@ -20,12 +10,10 @@ import tensorflow as tf
 class InputContext:
   """What `input_fn` needs to build this worker's part of the input.
 
-  When a job resumes from a checkpoint, `batches_taken` is how many of its
-  per-replica batches this worker's pipeline gave before it (0 in a new job).
-  Replicator skips them (`dataset.skip`, which still reads and preprocesses
-  every batch it skips: hours, deep into an ImageNet run). To skip them cheaply
-  instead, before decoding, read `ctx.batches_taken` in `input_fn`, skip there,
-  and return `replicator.skipped_by_input_fn(ds)`:
+  On a resumed job, replicator skips the `batches_taken` this worker's pipeline
+  gave before the checkpoint with `dataset.skip`, which still reads and
+  preprocesses each (hours, deep into an ImageNet run). To skip them cheaply,
+  before decoding, do it in `input_fn` and return `skipped_by_input_fn(ds)`:
 
   >>> def input_fn(ctx):
   ...   batch_size = ctx.per_replica_batch_size(256)
@@ -79,11 +67,8 @@ class InputContext:
 
   @property
   def steps_taken(self) -> int:
-    """Steps run on this input before the checkpoint the job resumed from.
-
-    Read it in `input_fn` itself (a dataset that reads it later, a generator
-    say, reads it after replicator decided whether to skip: an error).
-    """
+    """Steps run on this input before the checkpoint the job resumed from; read
+    it in `input_fn` itself (read later, by a generator say, it raises)."""
     if self._decided:
       raise RuntimeError(
           "ctx.steps_taken / batches_taken: read after input_fn returned (in a "
@@ -105,12 +90,9 @@ class InputContext:
 
   @property
   def batches_taken(self) -> int:
-    """Per-replica batches this pipeline gave in `steps_taken` steps.
-
-    Each step takes one per local replica; on another topology than the
-    checkpoint's, that is this job's local replicas, as replicator's own skip
-    counts them (not the same examples: a warning says so).
-    """
+    """Per-replica batches this pipeline gave in `steps_taken` steps: one per
+    local replica of this job a step (on another topology than the checkpoint's,
+    not the same examples: a warning says so)."""
     local_replicas = self.num_replicas_in_sync // self.num_input_pipelines
     return self.steps_taken * local_replicas
 
@@ -164,9 +146,7 @@ def pad_to_global_batch(dataset: tf.data.Dataset, ctx: InputContext,
         f"num_examples: needed with {ctx.num_input_pipelines} input pipelines, so "
         "that every worker runs the same number of steps; pass the evaluation "
         "set's size, e.g. pad_to_global_batch(ds, ctx, batch, num_examples=50000).")
-  specs = tf.nest.flatten(dataset.element_spec)
-  unknown = [s for s in specs if not s.shape.is_fully_defined()]
-  if unknown:
+  if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(dataset.element_spec)):
     raise ValueError(
         f"dataset: every component of an example needs a fixed shape to be padded, "
         f"got {dataset.element_spec}; resize or pad the examples first (and pass "

@@ -1,11 +1,10 @@
 """What a checkpoint keeps of the inputs: their names and positions.
 
-A checkpoint records how many steps each input of each replicator has taken;
-a resumed script must find them again, in a new process where the `input_fn`
-objects and replicators are new. An input is named by its function's qualified
-name and the simple constants it closes over (`make_input("train")` and
-`make_input("eval")` differ); each replicator's positions are one record,
-claimed by the first replicator that starts an input the record names.
+A resumed script, in a new process with new `input_fn` objects, finds an input
+by its function's qualified name and the simple constants it closes over
+(`make_input("train")` and `make_input("eval")` differ); each replicator's
+positions are one record, claimed by the first replicator that starts an input
+the record names.
 """
 
 import hashlib
@@ -52,23 +51,9 @@ def input_name(input_fn) -> str:
   return f"{name}({arguments})"
 
 
-def warn_indistinct(name: str):
-  logging.warning(
-      "replicator: two input_fns are both named %r (same function, same "
-      "constants); a checkpoint tells them apart only by the order in which "
-      "they are first run, so a resumed script that runs them in another order "
-      "swaps their positions. Make them distinct: close over a constant that "
-      "differs (e.g. make_input('train') and make_input('eval')) or define "
-      "separate functions.", name)
-
-
 class SavedPositions:
-  """The input positions of a checkpoint: one record per replicator.
-
-  A record is `{"topology": [workers, replicas per worker], "inputs": {name:
-  steps}}`. A replicator claims the first unclaimed record that names the
-  first input it starts; every input of that replicator then resumes from it.
-  """
+  """The input positions of a checkpoint: one record per replicator, each
+  `{"topology": [workers, replicas per worker], "inputs": {name: steps}}`."""
 
   def __init__(self, records: Sequence[dict]):
     self._unclaimed: List[dict] = [r for r in records if r.get("inputs")]

@@ -1,11 +1,7 @@
 """The inputs a replicator runs: their iterators, names and positions.
 
 An input is an `input_fn` object, started at its first run and again after a
-reset or a restore. Its position (steps taken since it started) is what a
-checkpoint keeps, under a name (`positions_lib.input_name`) that a resumed script
-finds again. Each replica takes one element of the dataset a step, as
-`tf.distribute` gives them: a per-replica batch, or an element of any rank
-(`Dataset.range(n)` gives replica 0 the 0, replica 1 the 1, then 2 and 3).
+reset or a restore; a checkpoint keeps its position (steps taken since it started).
 """
 
 import functools
@@ -21,14 +17,13 @@ from replicator.mesh import Mesh
 
 
 def warn_if_new_each_call(step_fn, input_fn, compiled):
-  """A new `input_fn` object per call restarts the data: say so, once.
-
-  `compiled`: the `(step_fn, input_fn)` pairs the replicator has compiled.
+  """Says once that a new `input_fn` object per call restarts the data, and once
+  that a new `step_fn` object (told apart by identity, as `tf.function` tells
+  them) compiles the step again. `compiled`: the `(step_fn, input_fn)` pairs
+  the replicator has compiled.
   """
-  if input_fn is None:
-    return
-  count = sum(1 for s, i in compiled if s is step_fn and i is not None)
-  if count == 3:
+  if input_fn is not None and sum(
+      1 for s, i in compiled if s is step_fn and i is not None) == 3:
     logging.warning(
         "replicator: run(%s, input_fn) got a third different input_fn object. "
         "Each new input_fn (for example a lambda written inside the training "
@@ -36,17 +31,6 @@ def warn_if_new_each_call(step_fn, input_fn, compiled):
         "the step again. Define input_fn once, outside the loop, unless you "
         "mean to restart the data (reset_input does that).",
         errors.name_of(step_fn))
-
-
-def warn_if_step_fn_new_each_call(step_fn, compiled):
-  """A new `step_fn` object per call compiles the step again: say so, once.
-
-  Function objects made from the same code (a lambda or a nested function
-  written inside the training loop, a new `functools.partial`) are told apart
-  by identity, as `tf.function` tells them, so each is compiled anew (tens of
-  milliseconds to seconds) and kept. `compiled`: the `(step_fn, input_fn)`
-  pairs the replicator has compiled.
-  """
   function = _unwrapped(step_fn)
   code = getattr(function, "__code__", None)
   if code is None:
@@ -70,26 +54,8 @@ def _unwrapped(fn):
   return fn
 
 
-def _dataset(input_fn, ctx, check_dataset):
-  """`(input_fn(ctx), whether input_fn skipped the steps ctx says were taken)`,
-  checked."""
-  dataset = input_fn(ctx)
-  if not isinstance(dataset, tf.data.Dataset):
-    raise TypeError(
-        f"input_fn: {errors.name_of(input_fn)} returned "
-        f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
-        "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
-  check_dataset(dataset, input_fn)
-  return dataset, input_context.check_skipped_by_input_fn(dataset, ctx,
-                                                         errors.name_of(input_fn))
-
-
 class InputStreams:
-  """The iterator of each `input_fn` a replicator runs, and its position.
-
-  `check_dataset`, given to the methods that call `input_fn`, is the
-  replicator's hook for stricter datasets (`Replicator._check_dataset`).
-  """
+  """The iterator of each `input_fn` a replicator runs, and its position."""
 
   def __init__(self, mesh: Mesh, iterator_of: Callable = iter):
     self._mesh = mesh
@@ -103,11 +69,9 @@ class InputStreams:
     self._input_keys = {}  # input_fn -> its key in checkpoints
 
   def key(self, input_fn) -> str:
-    """A name for `input_fn` that is stable across restarts of the same script.
-
-    Its qualified name and closure constants (`positions_lib.input_name`), numbered
-    in order of first use, with a warning, when several inputs share one.
-    """
+    """A name for `input_fn` that a restart of the same script finds again:
+    `positions_lib.input_name`, numbered in order of first use where several
+    inputs share one."""
     if input_fn not in self._input_keys:
       name = positions_lib.input_name(input_fn)
       taken = set(self._input_keys.values())
@@ -116,7 +80,13 @@ class InputStreams:
         number += 1
         key = f"{name}#{number}"
       if number == 2:
-        positions_lib.warn_indistinct(name)
+        logging.warning(
+            "replicator: two input_fns are both named %r (same function, same "
+            "constants); a checkpoint tells them apart only by the order in which "
+            "they are first run, so a resumed script that runs them in another order "
+            "swaps their positions. Make them distinct: close over a constant that "
+            "differs (e.g. make_input('train') and make_input('eval')) or define "
+            "separate functions.", name)
       self._input_keys[input_fn] = key
     return self._input_keys[input_fn]
 
@@ -143,13 +113,29 @@ class InputStreams:
     if not callable(input_fn):
       raise TypeError(f"input_fn: expected a callable, got {input_fn!r}.")
     key = self.key(input_fn)
-    self._claim_saved_positions(key)
+    if self._saved_positions is not None:  # the checkpoint's record that names it, if any
+      record = self._saved_positions.claim(
+          key, (self._mesh.num_workers, self._mesh.devices_per_worker))
+      if record is not None:
+        self._saved_positions, self._skip = None, dict(record["inputs"])
     taken = self._skip.get(key, 0)
-    ctx = input_context.InputContext(
-        num_input_pipelines=self._mesh.num_workers,
-        input_pipeline_id=self._mesh.worker_index,
-        num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
-    dataset, skipped = _dataset(input_fn, ctx, check_dataset)
+
+    def made(pipelines: int, index: int):
+      """`(input_fn's dataset for input pipeline `index` of `pipelines`, whether
+      input_fn skipped the steps taken)`, checked."""
+      ctx = input_context.InputContext(pipelines, index, self._mesh.num_replicas,
+                                       steps_taken=taken)
+      dataset = input_fn(ctx)
+      if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"input_fn: {errors.name_of(input_fn)} returned "
+            f"{type(dataset).__name__}, expected a tf.data.Dataset of per-replica "
+            "batches (e.g. ds.batch(ctx.per_replica_batch_size(GLOBAL_BATCH))).")
+      check_dataset(dataset, input_fn)
+      return dataset, input_context.check_skipped_by_input_fn(dataset, ctx,
+                                                             errors.name_of(input_fn))
+
+    dataset, skipped = made(self._mesh.num_workers, self._mesh.worker_index)
     if input_context.allows_uneven_batches(dataset):
       self._uneven_inputs.add(input_fn)
     if expected_spec is not None and dataset.element_spec != expected_spec:
@@ -166,10 +152,7 @@ class InputStreams:
     def for_host(host: int, hosts: int, replicas_per_host: int) -> tf.data.Dataset:
       """The dataset of one host of several that one process feeds (a TPU pod
       slice): `input_fn` called with that host's context."""
-      host_ctx = input_context.InputContext(
-          num_input_pipelines=hosts, input_pipeline_id=host,
-          num_replicas_in_sync=self._mesh.num_replicas, steps_taken=taken)
-      host_dataset, host_skipped = _dataset(input_fn, host_ctx, check_dataset)
+      host_dataset, host_skipped = made(hosts, host)
       if host_dataset.element_spec != dataset.element_spec:
         raise ValueError(
             f"input_fn: {errors.name_of(input_fn)} gave host {host} elements "
@@ -184,25 +167,13 @@ class InputStreams:
       return self._iterator_of(dataset, for_host), dataset.element_spec
 
   def positions(self) -> dict:
-    """Steps taken from each input since it started (what a checkpoint keeps)."""
     return dict(self._consumed)
 
   def resume(self, saved: positions_lib.SavedPositions) -> None:
-    """Resumes from `saved` (see `Replicator.resume_inputs`)."""
     self._saved_positions, self._skip, self._consumed = saved, {}, {}
     self._restored = set(self._inputs)
 
-  def _claim_saved_positions(self, key: str):
-    """Takes the checkpoint's record that names input `key`, if none is taken."""
-    if self._saved_positions is None:
-      return
-    record = self._saved_positions.claim(
-        key, (self._mesh.num_workers, self._mesh.devices_per_worker))
-    if record is not None:
-      self._saved_positions, self._skip = None, dict(record["inputs"])
-
   def reset(self, input_fn: Callable, check_dataset: Callable):
-    """Starts `input_fn`'s data again from the beginning (calls it anew)."""
     key, previous = self.key(input_fn), self._inputs.get(input_fn)
     consumed = self._consumed.pop(key, None)
     try:
@@ -215,5 +186,4 @@ class InputStreams:
     self._restored.discard(input_fn)
 
   def clear(self):
-    """Drops every iterator (the replicator shuts down)."""
     self._inputs.clear()

@@ -1,6 +1,1 @@
-"""The job's other worker processes.
-
-- `cluster`: connecting to the workers, naming collectives.
-- `liveness`: whether they are alive (the heartbeat), and which one was lost.
-- `peers`: talking to them outside a step (joining, initial values, counters).
-"""
+"""The job's other worker processes (CONTRIBUTING.md lists the modules)."""

@@ -8,7 +8,6 @@ authenticated: run them on a trusted network only.
 import itertools
 import os
 import threading
-from typing import Optional
 
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
@@ -19,23 +18,15 @@ from replicator import mesh as mesh_lib
 from replicator.mesh import Mesh
 
 _JOB = mesh_lib.JOB
-
-
-def device_name(worker_index: int, local_device: str) -> str:
-  return mesh_lib.worker_device(worker_index, local_device)
-
-
 _connected = None
 
 
 def connect(mesh: Mesh) -> None:
   """Starts this process's gRPC server and enables collectives with its peers.
 
-  Must run before TensorFlow executes anything in this process, unless
-  `MultiWorkerMirroredStrategy` already started the server for the same
-  cluster: then the replicator joins it, and both work side by side. The
-  collectives are configured as that strategy configures them, so it can also
-  be created after a replicator.
+  Must run before TensorFlow executes anything, unless `MultiWorkerMirroredStrategy`
+  started the server for the same cluster (then both work side by side; it can
+  also be made after, as the collectives are configured as it configures them).
   """
   global _connected
   spec = (mesh.worker_addresses, mesh.worker_index)
@@ -105,44 +96,27 @@ FIRST_GROUP_KEY = 1 << 24  # far from tf.distribute's (from 1)
 _group_keys = itertools.count(FIRST_GROUP_KEY)
 
 
-def next_group_key() -> int:
-  """A collective group key of its own for each replicator of the process.
-
-  TensorFlow matches collectives by group and instance key; each replicator
-  counts instance keys from 1, so two replicators of one process (or a
-  replicator and `MultiWorkerMirroredStrategy`) need groups of their own. The
-  workers create their replicators in the same order, so the keys match.
-  """
-  return next(_group_keys)
-
-
 class CollectiveKeys:
-  """Instance keys for cross-worker collectives.
-
-  Every worker traces the same program in the same order, so a shared counter
-  gives matching keys on every worker without any communication. Checks that
-  the workers did trace the same program draw keys of their own (`next_check`),
-  which still match where the programs' keys do not.
+  """Instance keys for cross-worker collectives: every worker traces the same
+  program in the same order, so a counter gives matching keys unexchanged. The
+  checks that they did draw keys of their own (`next_check`), which still match
+  where the programs' keys do not.
   """
 
   _CHECK_KEYS = 1 << 30  # the first key of the checks' range
-  # TensorFlow keeps the shape a collective first had under its key for the
-  # life of the process, and aborts every collective when a later call under
-  # the same key has another shape. A collective whose shape is known only at
-  # run time (a short last batch, uneven batches) travels flattened and padded
-  # to a size class (`collectives.between_workers`), and takes its key at run
-  # time, one per class, from a range of its own: a slot of `_CLASSES_PER_SLOT`
-  # keys per such collective.
+  # A collective of a run-time shape takes its key at run time, one per size class
+  # (`collectives.between_workers` says why), from a slot of `_CLASSES_PER_SLOT` keys.
   _SHAPE_KEYS = 1 << 29
   _CLASSES_PER_SLOT = 1 << 12
   _SLOTS = ((1 << 30) - (1 << 29)) // _CLASSES_PER_SLOT
 
-  def __init__(self, num_workers: int, worker_index: int, timeout_s: float,
-               group_key: Optional[int] = None):
+  def __init__(self, num_workers: int, worker_index: int, timeout_s: float):
     self.num_workers = num_workers
     self.worker_index = worker_index
     self.timeout_s = timeout_s
-    self.group_key = next_group_key() if group_key is None else group_key
+    # Each replicator counts instance keys from 1, in a group of its own: workers
+    # make their replicators in the same order, so the groups match.
+    self.group_key = next(_group_keys)
     self.issued = 0  # keys given out by `next`
     self.shape_slots = 0  # slots given out by `key_for_size_class`
     # This host runs more of the job's workers than it has cores
@@ -160,12 +134,8 @@ class CollectiveKeys:
       return self.issued
 
   def key_for_size_class(self, size_class: tf.Tensor) -> tf.Tensor:
-    """A new collective's instance key, at run time, for its `size_class`.
-
-    `size_class` (an int64 scalar in [0, 4096)) names the padded size the
-    collective carries; each class has a key of its own, so no two sizes
-    ever share one.
-    """
+    """A new collective's instance key, at run time, for its `size_class` (an
+    int64 scalar in [0, 4096), the padded size it carries): one key per class."""
     with self._lock:
       slot = self.shape_slots
       self.shape_slots += 1
@@ -188,11 +158,8 @@ class CollectiveKeys:
 
 
 def host_is_crowded(mesh: Mesh) -> bool:
-  """Whether this worker's host runs more of the job's workers than it has cores.
-
-  Hosts are told apart by their addresses' names as written in the cluster
-  ("127.0.0.1" and "localhost" count as two).
-  """
+  """Whether this worker's host runs more of the job's workers than it has cores
+  (hosts told apart by their addresses as written: "127.0.0.1" is not "localhost")."""
   if not mesh.worker_addresses:
     return False
   host = lambda address: address.rsplit(":", 1)[0]

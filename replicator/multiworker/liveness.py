@@ -1,25 +1,23 @@
 """Whether the job's other workers are alive, and which one was lost first.
 
-A worker checks a peer through the peer's gRPC server (`check_peer`), which
-answers from its own threads: a busy worker still answers, a killed one
-refuses, a frozen or cut-off one stays silent. The `Heartbeat` checks every
-peer each second and, once one is lost, aborts the pending collectives, so a
-step fails instead of waiting forever; the error then becomes `WorkerLost`.
+A peer's gRPC server answers health checks (`check_peer`) from its own
+threads: a busy worker still answers, a killed one refuses, a frozen or
+cut-off one stays silent. The `Heartbeat` checks every peer each second and,
+once one is lost, aborts the pending collectives, so a step fails (as
+`WorkerLost`) instead of waiting forever.
 
 A survivor that saw the loss leaves too, so a slower survivor may find two
-peers down: the lost worker and one that left because of it. No check can
-tell those apart afterwards, so the order is kept instead, by two rules:
+peers down, which no check can tell apart afterwards; two rules keep the order:
 
 - A survivor stays: its process ends no sooner than `linger_s` after its
-  verdict, unless every other peer is by then the lost one or refuses (an
-  exit hook waits), and its server answers meanwhile. So a worker that left
-  because of another's loss went down at least `linger_s` after that one's
-  last answer to anybody.
+  verdict (an exit hook waits, unless every other peer is by then the lost one
+  or refuses), its server answering. So a worker that left because of another's
+  loss went down at least `linger_s` after that one's last answer to anybody.
 - A peer that refuses is named only if its first refusal came less than
-  `linger_s` after the last answer of every other peer in trouble: by the
-  first rule it cannot have left because of one of them. A peer silent for
-  the heartbeat's `timeout_s` is named too: a worker that leaves refuses.
-  While no peer qualifies and one is silent, the heartbeat looks again.
+  `linger_s` after the last answer of every other peer in trouble: by the first
+  rule it cannot have left because of one of them. A peer silent for the
+  heartbeat's `timeout_s` is named too (a worker that leaves refuses); while
+  none qualifies and one is silent, the heartbeat looks again.
 
 So a worker that left because of a loss is never named. Where this worker
 did not look for `linger_s` (its process stood still) and finds several peers
@@ -45,10 +43,8 @@ PEER_DOWN = (tf.errors.UnavailableError, tf.errors.FailedPreconditionError,
 def check_peer(worker: int, timeout_s: float) -> None:
   """Raises (UnavailableError, DeadlineExceededError...) unless `worker` answers.
 
-  TensorFlow's binding holds the GIL until the answer or the timeout: every
-  Python thread of this process waits that long (a check of a frozen peer
-  freezes the main thread for the whole `timeout_s`), so keep `timeout_s`
-  short where the process has other work.
+  TensorFlow's binding holds the GIL until the answer or the timeout, stopping
+  every Python thread of this process that long: keep `timeout_s` short.
   """
   eager_context.context().check_collective_ops_peer_health(
       f"/job:{mesh_lib.JOB}/replica:0/task:{worker}",
@@ -56,10 +52,8 @@ def check_peer(worker: int, timeout_s: float) -> None:
 
 
 def unjoined_peers(mesh: Mesh, timeout_s: float, poll_s: float = 0.5) -> list:
-  """Waits until every other worker's server answers, at most `timeout_s`.
-
-  Returns the workers that still did not answer (empty: all joined).
-  """
+  """Waits, at most `timeout_s`, until every other worker's server answers;
+  returns those that did not (empty: all joined)."""
   deadline = time.monotonic() + timeout_s
   waiting = [w for w in range(mesh.num_workers) if w != mesh.worker_index]
   while True:
@@ -132,15 +126,9 @@ def decide(trouble: Dict[int, Trouble], answered: Dict[int, float], now: float, 
 class Heartbeat:
   """Checks every peer's gRPC server; on a loss, aborts pending collectives.
 
-  The peers' servers answer from their own threads, so a worker busy with a
-  long chief-only evaluation or save still counts as alive. A killed worker
-  refuses the next check (noticed within `interval_s`); a frozen or cut-off
-  one is lost once it has not answered for `timeout_s`. Each check waits at
-  most `probe_s`: TensorFlow's check holds the GIL while it waits, so one
-  long check of a silent peer would stop every Python thread of this process
-  (the step loop, a tracing, an input pipeline) for the whole `timeout_s`
-  instead of `probe_s` a second. See the module's docstring for which peer
-  a verdict names.
+  A killed worker refuses the next check (noticed within `interval_s`); a
+  frozen or cut-off one is lost once it has not answered for `timeout_s`.
+  Each check waits at most `probe_s`, as `check_peer` holds the GIL.
 
   Attributes:
     loss: the verdict, once there is one (`Loss`), else None.
@@ -180,12 +168,9 @@ class Heartbeat:
         return
 
   def verdict(self) -> Optional[Loss]:
-    """Whether a peer is lost, from a look at every peer now (after an error).
-
-    A peer that does not answer is looked at again until it answers or has
-    been silent for `timeout_s`: an error of the step itself (every worker
-    failing `check_numerics`, say) is not a loss.
-    """
+    """Whether a peer is lost, from a look at every peer now (after an error),
+    again until a silent one answers or has been silent for `timeout_s`: an
+    error of the step itself (every worker failing `check_numerics`) is no loss."""
     while True:
       with self._lock:
         if self.loss is not None:
@@ -231,12 +216,8 @@ class Heartbeat:
     atexit.register(self._linger, time.monotonic() + self.linger_s)
 
   def _linger(self, until: float):
-    """Waits until `until`, or until no other survivor is left to look.
-
-    A peer that refuses is down, and so is the lost worker, whatever its
-    checks say; a peer that is merely silent may be a survivor that the
-    machine's load holds back, still to look.
-    """
+    """Waits until `until`, or until no other survivor is left to look: every
+    peer refuses or is the lost one (a silent one may be a survivor held back)."""
     while time.monotonic() < until:
       try:
         if all(self._is_gone(worker) for worker in self._peers):

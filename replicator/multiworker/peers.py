@@ -1,8 +1,7 @@
 """The other workers of a job, seen from one: joining them, and noticing a loss.
 
-Outside steps, a replicator talks to its peers eagerly: once to wait for them
-to start, then to give them the chief's initial values of new variables and to
-merge the counters of `Checkpointer` (its barrier, its agreement on a step).
+Outside steps a replicator talks to its peers eagerly: to wait for them, to give
+them the chief's initial values, and for `Checkpointer`'s barrier and agreements.
 """
 
 import hashlib
@@ -27,8 +26,7 @@ class Peers:
     mesh: a mesh of several workers.
     keys: the replicator's `CollectiveKeys`.
     device: where this worker's eager collectives run.
-    timeout_s: `AllReduceOptions.timeout_s`, which sets how long to wait for a
-      peer.
+    timeout_s: `AllReduceOptions.timeout_s`: how long to wait for a peer.
   """
 
   def __init__(self, mesh: Mesh, keys: cluster.CollectiveKeys, device: str,
@@ -40,12 +38,9 @@ class Peers:
     self._heartbeat = None
 
   def join(self):
-    """Returns once every worker has started, then watches them.
-
-    Workers start minutes apart on a busy cluster (and imports alone take tens
-    of seconds), so each waits for the others' servers up to 10 x
-    `AllReduceOptions.timeout_s`, then raises naming those still missing.
-    """
+    """Returns once every worker has started, then watches them; waits for the
+    others' servers up to 10 x `AllReduceOptions.timeout_s` (workers start
+    minutes apart on a busy cluster), then raises naming those still missing."""
     join_timeout_s = 10 * self._timeout_s
     missing = liveness.unjoined_peers(self._mesh, join_timeout_s)
     if missing:
@@ -89,13 +84,9 @@ class Peers:
       raise
 
   def raise_if_lost(self, error, steps_completed: int):
-    """Raises `WorkerLost` for `error` if a worker is gone.
-
-    Gone: the heartbeat's verdict, from a look at every peer now (the error
-    may come before the heartbeat's next look). Any other error (a failed
-    check_numerics on every worker, say) is the step's own: the caller
-    re-raises it.
-    """
+    """Raises `WorkerLost` for `error` if the heartbeat, looking at every peer
+    now (the error may come before its next look), finds a worker gone; any
+    other error is the step's own, for the caller to re-raise."""
     loss = self._heartbeat.verdict() if self._heartbeat is not None else None
     if loss is None:
       return
@@ -105,52 +96,53 @@ class Peers:
                             loss.reason) from error
 
   def send_initial_values(self, variables, steps_completed: int):
-    """Gives every worker the chief's initial values of `variables`.
+    """Every copy of `variables` takes the chief's first copy's value.
 
-    `steps_completed`: as for `merge`.
+    Eagerly (a function to trace would cost a large model's first call more
+    than the values' travel does), packed as gradients are: a few collectives,
+    not one per variable. `steps_completed`: as for `merge`.
     """
     try:
-      self._send_from_chief(variables)
+      fixed = [v for v in variables if v.shape.is_fully_defined()]
+      with tf.device(self._device):
+        values = [variable.replicas[0].read_value() for variable in fixed]
+        fixed, values = self._differing(fixed, values)
+        if not self._mesh.is_chief:
+          values = [tf.zeros_like(value) for value in values]
+        synced = [None] * len(values)
+        for group in packing.buckets(values, _SYNC_PACK_BYTES):
+          layout = packing.Layout.of([values[i].shape for i in group], values[group[0]].dtype)
+          total = between_workers.across_workers(
+              packing.pack([values[i] for i in group], layout), "Add", self._keys)
+          for i, value in zip(group, packing.unpack(total, layout)):
+            synced[i] = value
+      for variable, value in zip(fixed, synced):
+        for copy in variable.replicas:
+          copy.assign(value)
+      varying = [v for v in variables if not v.shape.is_fully_defined()]
+
+      @tf.function(autograph=False)
+      def send_varying():  # (shape=[None]): in a function, where their shapes travel first
+        for variable in varying:
+          with tf.device(self._device):
+            value = variable.replicas[0].read_value()
+            value = between_workers.across_workers(
+                value if self._mesh.is_chief else tf.zeros_like(value), "Add", self._keys)
+          for copy in variable.replicas:
+            copy.assign(value)
+
+      if varying:
+        send_varying()
     except tf.errors.OpError as error:
       self.raise_if_lost(error, steps_completed)
       raise
 
-  def _send_from_chief(self, variables):
-    """Every copy of `variables` takes the chief's first copy's value.
-
-    Eagerly, and packed as gradients are: a few collectives, not one per
-    variable (a ResNet-50 and its optimizer make about 530), and no function
-    to trace and optimize, which would cost a large model's first call more
-    than the values' travel does.
-    """
-    fixed = [v for v in variables if v.shape.is_fully_defined()]
-    with tf.device(self._device):
-      values = [variable.replicas[0].read_value() for variable in fixed]
-      fixed, values = self._differing(fixed, values)
-      if not self._mesh.is_chief:
-        values = [tf.zeros_like(value) for value in values]
-      synced = [None] * len(values)
-      for group in packing.buckets(values, _SYNC_PACK_BYTES):
-        layout = packing.Layout.of([values[i].shape for i in group], values[group[0]].dtype)
-        total = between_workers.across_workers(
-            packing.pack([values[i] for i in group], layout), "Add", self._keys)
-        for i, value in zip(group, packing.unpack(total, layout)):
-          synced[i] = value
-    for variable, value in zip(fixed, synced):
-      for copy in variable.replicas:
-        copy.assign(value)
-    varying = [v for v in variables if not v.shape.is_fully_defined()]
-    if varying:  # (shape=[None]): in a function, where their shapes travel first
-      self._send_varying_from_chief(varying)
-
   def _differing(self, variables, values):
     """Those of `variables` (and their `values`) that some worker holds otherwise.
 
-    Values every worker computed alike (zeros and constants: an optimizer's
-    slots, biases, batch norm's scales and statistics, about half the bytes of
-    a ResNet-50 and its momentum) need not travel. One collective of a 62-bit
-    digest of each value's bytes says which differ; every worker gets the
-    same answer, so all pack the same buckets.
+    Values every worker computed alike (zeros and constants: about half the
+    bytes of a ResNet-50 and its momentum) need not travel. One collective of
+    each value's digest says which differ, alike on every worker.
     """
     if not variables:
       return variables, values
@@ -159,23 +151,7 @@ class Peers:
     differ = [i for i, (a, b) in enumerate(zip(low, high)) if a != b]
     return [variables[i] for i in differ], [values[i] for i in differ]
 
-  def _send_varying_from_chief(self, variables):
-    chief = self._mesh.is_chief
-
-    @tf.function(autograph=False)
-    def sync():
-      for variable in variables:
-        with tf.device(self._device):
-          value = variable.replicas[0].read_value()
-          value = between_workers.across_workers(
-              value if chief else tf.zeros_like(value), "Add", self._keys)
-        for copy in variable.replicas:
-          copy.assign(value)
-
-    sync()
-
   def stop(self):
-    """Stops watching the peers."""
     if self._heartbeat is not None:
       self._heartbeat.stop()
 
@@ -202,8 +178,7 @@ class NewVariables:
     peers: the replicator's `Peers`.
     created: the replicator's replicated variables in creation order (a list
       that grows as it makes them).
-    steps_completed: returns the replicator's steps so far (what a
-      `WorkerLost` raised meanwhile reports).
+    steps_completed: returns the replicator's steps so far (for `WorkerLost`).
   """
 
   def __init__(self, peers: Peers, created: list, steps_completed):
@@ -224,10 +199,7 @@ class NewVariables:
       self._peers.send_initial_values(new, self._steps_completed())
 
   def keep_each_workers(self) -> list:
-    """Leaves the pending variables as each worker made them (they differ).
-
-    Returns them.
-    """
+    """Leaves the pending variables as each worker made them (they differ); returns them."""
     kept = self.pending()
     self._sent = len(self._created)
     return kept

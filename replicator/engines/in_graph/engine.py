@@ -87,7 +87,6 @@ class InGraphEngine:
           new_variables=self._new_variables, uneven_batches=uneven_batches)
       self._steps[(step_fn, input_fn)] = compiled
       streams.warn_if_new_each_call(step_fn, input_fn, self._steps)
-      streams.warn_if_step_fn_new_each_call(step_fn, self._steps)
     completed, outputs, status = self._run_counted(compiled, step_fn, input_fn,
                                                    iterator, steps, args, count)
     # Where the workers differ (without input, after the first step):
