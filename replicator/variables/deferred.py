@@ -8,8 +8,6 @@ records the ops by which the library writes a copy, so that
 `step_checks.check_writes` can refuse a write that bypassed the merge.
 """
 
-from typing import Callable
-
 import tensorflow as tf
 
 from replicator.collectives import reduce_options
@@ -72,21 +70,18 @@ class DeferredMerges:
     self._handles = {}  # id of a copy's handle in the step graph -> (it, its variable)
     self._earlier = {}  # id of that handle -> the ops that used it before the write
     self._own = set()  # the ops of the merge at the end
-    self._merge = None
 
-  def add(self, variable, handle: tf.Tensor, merge: Callable[["DeferredMerges"], None]):
-    """`variable`'s copy, used in the step graph through `handle`, is written next;
-    `merge(self)` merges every deferred variable at the end of a replica's step."""
-    self._merge = merge
+  def add(self, variable, handle: tf.Tensor):
+    """`variable`'s copy, used in the step graph through `handle`, is written next."""
     self.variables.setdefault(id(variable), variable)
     if id(handle) not in self._handles:
       self._handles[id(handle)] = (handle, variable)
       self._earlier[id(handle)] = frozenset(handle.consumers())
 
   def merge(self):
-    """At the end of the current replica's step (`add`'s `merge`), if any."""
+    """At the end of the current replica's step (`merge_deferred`), if any."""
     if self.variables:
-      self._merge(self)
+      merge_deferred(self)
 
   def own(self, ops):
     """`ops` are the end's merge, which reads and writes the copies as it should."""
@@ -131,13 +126,6 @@ class DeferredMerges:
 
 
 _WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
-
-
-class Deferred:
-  """A replica's value whose merge waits for the step's end."""
-
-  def __init__(self, value):
-    self.value = value
 
 
 def written_here(replica, copy, write):
