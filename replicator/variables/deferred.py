@@ -1,11 +1,10 @@
 """Variable writes whose merge over replicas waits for the end of the step.
 
-While a step is traced, `DeferredMerges` records the deferred writes and
-`merge_deferred` merges them all in one rendezvous at the end of each
-replica's step; where something reads a copy in between, `MergeAtWrite` asks
-for a trace that merges those variables at the write instead. `written_here`
-records the ops by which the library writes a copy, so that
-`step_checks.check_writes` can refuse a write that bypassed the merge.
+`DeferredMerges` records them while a step is traced, and `merge_deferred`
+merges them all in one rendezvous at the end of each replica's step
+(docs/design.md, "Deferred merges"). `written_here` records the ops by which
+the library writes a copy, so that `step_checks.check_writes` can refuse a
+write that bypassed the merge.
 """
 
 import tensorflow as tf
@@ -50,19 +49,15 @@ class StepWrites:
 class DeferredMerges:
   """Variable writes of one step trace whose merge waits for the step's end.
 
-  Where merges are collectives (`reductions.merged_by_collectives`), a
-  variable averaged over replicas (`snt.BatchNorm`'s moving averages,
-  spectral norm's `u`) or taking the first replica's value (a counter) is
-  written on each replica's copy alone, and the copies are merged once, all
-  in one rendezvous, after step_fn returns (`merge_deferred`): between
-  workers, one round trip a step instead of one per such variable. That is the merge at the write only
-  while nothing reads the copy in between but what is itself written to a
-  deferred variable (Sonnet's debiased average, computed from the hidden
-  one). A read that reaches anything else (the loss, step_fn's outputs, a
-  collective, a `tf.cond` or any op with effects) would see this replica's
-  value where the merge at the write gives the mean: `check_unread` finds
-  it once the trace is done and raises `MergeAtWrite` for those variables,
-  and the step is traced again with their merges where they are written.
+  Each replica writes its own copy, and the copies are merged once, all in
+  one rendezvous, after step_fn returns (`merge_deferred`). That is the merge
+  at the write only while nothing reads the copy in between but what is itself
+  written to a deferred variable (Sonnet's debiased average, computed from the
+  hidden one). A read that reaches anything else (the loss, step_fn's outputs,
+  a collective, a `tf.cond` or any op with effects) would see this replica's
+  value where the merge at the write gives the mean: `check_unread` finds it
+  once the trace is done and raises `MergeAtWrite` for those variables, and
+  the step is traced again with their merges where they are written.
   """
 
   def __init__(self):

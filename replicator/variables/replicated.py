@@ -1,14 +1,9 @@
 """Replicated variables: one copy per local replica, kept identical.
 
-Inside a step, replica `r` reads and writes its own copy. An assignment made
-inside a step is merged over the replicas first, as `merge_rules` says (a mean
-for floats, replica 0's value for integers, or the variable's own
-`aggregation`), so the copies never drift. Where merges are collectives (GPUs,
-several workers), the merge of a float mean or of the first replica's value
-waits for the end of the step, where every variable so written is merged in
-one rendezvous, unless the step reads the copy in between
-(`deferred.DeferredMerges`). Outside a step, reads see copy 0 and writes go to
-every copy.
+Inside a step, replica `r` reads and writes its own copy; a write is merged
+over the replicas first (`merge_rules`), so the copies never drift (a mean or
+the first replica's value, where merges are collectives, at the step's end:
+`deferred`). Outside a step, reads see copy 0 and writes go to every copy.
 """
 
 from typing import List, Sequence
