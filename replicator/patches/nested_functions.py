@@ -37,11 +37,10 @@ def calls_per_replica(original_call):
   def call(function, *args, **kwargs):
     replica = replica_context.current()
     index = None if replica is None else replica.static_local_index()
-    if index is None:  # outside a step, or one trace serves every replica
+    # Outside a step, where one trace serves every replica, or run eagerly.
+    if index is None or function._run_functions_eagerly:  # pylint: disable=protected-access
       return original_call(function, *args, **kwargs)
     copies, key = replica.function_copies, (id(function), index)
-    if function._run_functions_eagerly:  # pylint: disable=protected-access
-      return original_call(function, *args, **kwargs)
     # pylint: disable-next=protected-access
     if function._jit_compile or function._attributes or function.input_signature:
       if key not in copies:  # the function is kept alive with its copy
