@@ -115,6 +115,5 @@ def _global_moments_gradient(xs, ys, summed_dys):
   dM and dV summed over the replicas (the term of V through M is zero, since
   the deviations from M sum to zero).
   """
-  (x,), (mean, _, total), (d_mean, d_variance, _) = (
-      xs, ys, summed_dys)
+  (x,), (mean, _, total), (d_mean, d_variance, _) = xs, ys, summed_dys
   return [(d_mean + 2.0 * d_variance * (x - mean)) / total]

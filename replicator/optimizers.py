@@ -221,7 +221,6 @@ class ReplicatedOptimizer(tf.Module):
                                    self._all_reduce)
     else:  # dense, as the reduction makes them: the same update on 1 or N replicas
       reduced = [tf.convert_to_tensor(g) for g in reduced]
-    grads = list(grads)
     for i, grad in zip(present, reduced):
       grads[i] = grad
     with replica_context.writing_locally():
@@ -265,7 +264,7 @@ class ReplicatedOptimizer(tf.Module):
           not (dtype.is_floating or dtype.is_complex)):
         continue
       if self._kind == "keras":
-        checked[i] = _cast(grad, dtype)
+        checked[i] = tf.cast(grad, dtype)  # an IndexedSlices' values too
         continue
       raise TypeError(
           f"updates: the gradient of variable {variable.name!r} is "
@@ -358,13 +357,6 @@ class _ParameterLists:
   def add(self, variables, count, accumulators):
     self._lists.append((frozenset(id(v) for v in variables), list(variables),
                         count, list(accumulators)))
-
-
-def _cast(grad, dtype):
-  if isinstance(grad, tf.IndexedSlices):
-    return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices,
-                            grad.dense_shape)
-  return tf.cast(grad, dtype)
 
 
 def _names(variables) -> str:
