@@ -221,7 +221,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
                        value, merge, outside=lambda ops: ops[0] if read_value else tf.group(ops))
 
   def _defers(self, replica) -> bool:
-    """Whether this write's merge waits for the step's end (`deferred.DeferredMerges`).
+    """Whether this write's merge waits for the step's end (`deferred.StepWrites`).
 
     A mean's and a first replica's value's may: the merge of what each
     replica's writes leave, one for all the step's writes where merges are
@@ -243,7 +243,7 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
     and the merge of this variable is added to the step's end."""
     value, = replica.collective(f"an update of variable {self.name}", [value],
                                 lambda values: values)
-    replica.group.trace.deferred.add(
+    replica.group.trace.add(
         self, tf.compat.v1.get_default_graph().capture(self._vars[replica.index].handle))
     return value
 
