@@ -32,16 +32,14 @@ class StepWrites:
   the step's graph (`written_here`); `engines.step_checks.check_writes`
   refuses any other write of a copy.
 
-  The rest are the writes whose merge waits for the step's end. Each replica
-  writes its own copy, and the copies are merged once, all in one rendezvous,
-  after step_fn returns (`merge_deferred`). That is the merge at the write
-  only while nothing reads the copy in between but what is itself written to
-  a deferred variable (Sonnet's debiased average, computed from the hidden
-  one). A read that reaches anything else (the loss, step_fn's outputs, a
-  collective, a `tf.cond` or any op with effects) would see this replica's
-  value where the merge at the write gives the mean: `all_returned` finds it
-  once the trace is done and raises `MergeAtWrite` for those variables, and
-  the step is traced again with their merges where they are written.
+  The rest are the writes whose merge waits for the step's end (docs/design.md,
+  "Deferred merges"): each replica writes its own copy, and `merge_deferred`
+  merges the copies in one rendezvous after step_fn returns. That is the merge
+  at the write only while nothing reads the copy in between but what is
+  itself written to a deferred variable (Sonnet's debiased average, computed
+  from the hidden one): `all_returned` raises `MergeAtWrite` for any other
+  read (this replica's value where the merge at the write gives the mean),
+  and the step is traced again with those variables merged at their writes.
   """
 
   def __init__(self):
