@@ -32,21 +32,14 @@ DENSE = ("assign", "assign_add", "assign_sub", "slice")
 _OPTIONS = reduce_options.AllReduceOptions()
 
 
-def reduce_op_of(aggregation, dtype) -> Optional[ReduceOp]:
-  """How a variable's writes merge: SUM, MEAN, or None (replica 0's value)."""
-  if aggregation == tf.VariableAggregation.SUM:
-    return ReduceOp.SUM
-  if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA or not dtype.is_floating:
-    return None
-  return ReduceOp.MEAN
-
-
 @dataclasses.dataclass(frozen=True)
 class Rule:
   """The merge of one variable's writes inside a step.
 
   Attributes:
-    reduce_op: SUM, MEAN, or None for replica 0's value (`reduce_op_of`).
+    reduce_op: SUM for SUM variables; else None for replica 0's value (integer,
+      boolean and ONLY_FIRST_REPLICA variables, so counters advance once a
+      step), MEAN for the others.
     sums_changes: `assign` sums the replicas' changes (a SUM, ON_READ variable).
   """
   reduce_op: Optional[ReduceOp]
@@ -55,7 +48,12 @@ class Rule:
   @classmethod
   def of(cls, aggregation, dtype, synchronization) -> "Rule":
     """The rule of a variable made with `aggregation`, `dtype` and `synchronization`."""
-    reduce_op = reduce_op_of(aggregation or tf.VariableAggregation.NONE, tf.as_dtype(dtype))
+    reduce_op = ReduceOp.MEAN
+    if aggregation == tf.VariableAggregation.SUM:
+      reduce_op = ReduceOp.SUM
+    elif (aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA
+          or not tf.as_dtype(dtype).is_floating):
+      reduce_op = None
     return cls(reduce_op, reduce_op is ReduceOp.SUM
                and synchronization == tf.VariableSynchronization.ON_READ)
 

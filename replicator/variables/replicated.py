@@ -6,6 +6,7 @@ the first replica's value, where merges are collectives, at the step's end:
 `deferred`). Outside a step, reads see copy 0 and writes go to every copy.
 """
 
+import functools
 from typing import List, Sequence
 
 import tensorflow as tf
@@ -32,26 +33,23 @@ class _Collectives:
   write), with no gradient: a write never needs one."""
 
   def __init__(self, replica, what: str):
-    self._replica = replica
-    self._what = what
     self.num_replicas = replica.group.num_replicas
-
-  def _collective(self, flat, merge):
-    return self._replica.collective(self._what, flat, merge)
+    self._group = replica.group
+    self._collective = functools.partial(replica.collective, what)
 
   def all_reduce(self, flat, op, options):
-    group = self._replica.group
+    group = self._group
     return self._collective(flat, lambda values: reductions.all_reduce(
         values, op, group.devices, options, num_replicas=group.num_replicas,
         keys=group.keys))
 
   def all_gather(self, flat, axis):
-    group = self._replica.group
+    group = self._group
     return self._collective(flat, lambda values: gathering.all_gather(
         values, axis, group.devices, group.keys))
 
   def broadcast(self, flat, source):
-    group = self._replica.group
+    group = self._group
     return self._collective(flat, lambda values: reductions.broadcast(
         values, source, group.devices, group.num_replicas, group.first_replica_id,
         group.keys))
