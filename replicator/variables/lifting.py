@@ -221,11 +221,8 @@ class Inputs:
 
 
 def subgraph(value: tf.Tensor) -> frozenset:
-  """The ops that compute `value` in its trace; raises
-  `op_selector.UnliftableError` if an input feeds it.
-
-  Values captured from outside the trace (variables, tensors) may.
-  """
+  """The ops that compute `value` in its trace; raises `op_selector.UnliftableError`
+  if an input feeds it (values captured from outside the trace may)."""
   ops = set()
   op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=Inputs(value.graph),
                            visited_ops=ops, op_outputs=collections.defaultdict(set),

@@ -221,14 +221,12 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
   def _defers(self, replica) -> bool:
     """Whether this write's merge waits for the step's end (`deferred.StepWrites`).
 
-    A mean's and a first replica's value's may: the merge of what each
-    replica's writes leave, one for all the step's writes where merges are
-    collectives (between GPUs or workers: one launch or round trip instead of
-    one per write). Where they are sums in the graph (the CPUs of one worker)
-    each merges at its write: packing them only adds ops that Grappler pays
-    for in the first step (benchmarks.runs.first_step).
-    Not inside a `tf.cond` or loop of step_fn, where the end could not
-    follow, nor for booleans, which no all-reduce takes.
+    A mean's and a first replica's value's may, where merges are collectives
+    (between GPUs or workers: one launch or round trip for all the step's
+    writes); where they are sums in the graph (the CPUs of one worker),
+    packing them only adds ops that Grappler pays for in the first step
+    (benchmarks.runs.first_step). Not inside a `tf.cond` or loop of step_fn,
+    where the end could not follow, nor for booleans, which no all-reduce takes.
     """
     group = replica.group
     return (self._reduce_op in (reduce_options.ReduceOp.MEAN, None)
