@@ -74,13 +74,10 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
       mean, variance = tf.nn.moments(inputs, self._axis, keepdims=True)
       return mean, variance, count
     # Each replica's count, mean and sum of squared deviations from it travel
-    # in one gather (one collective forward, one backward), and every replica
-    # combines them alike, as Chan et al. do: sums of squares would cancel
-    # where the mean is large against the spread. The gradient is written out
-    # (`_global_moments_gradient`) rather than differentiated through the
-    # combination: one sum of the statistics' gradients over replicas, then
-    # an element-wise expression, where autodiff would make dozens of small
-    # ops a layer.
+    # in one gather, and every replica combines them alike, as Chan et al. do:
+    # sums of squares would cancel where the mean is large against the spread.
+    # The gradient is written out (`_global_moments_gradient`), where autodiff
+    # of the combination would make dozens of small ops a layer.
     x = tf.cast(inputs, wide)
     replica = replica_context.current()
 
@@ -115,6 +112,5 @@ def _global_moments_gradient(xs, ys, summed_dys):
   dM and dV summed over the replicas (the term of V through M is zero, since
   the deviations from M sum to zero).
   """
-  (x,), (mean, _, total), (d_mean, d_variance, _) = (
-      xs, ys, summed_dys)
+  (x,), (mean, _, total), (d_mean, d_variance, _) = xs, ys, summed_dys
   return [(d_mean + 2.0 * d_variance * (x - mean)) / total]

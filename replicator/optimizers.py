@@ -25,17 +25,11 @@ def _kind(optimizer) -> str:
 
 
 def _as_tf_variable(variable):
-  """A Keras 3 variable's TensorFlow variable, which a Sonnet optimizer can update.
-
-  Sonnet makes its slots with `variable_like`, which reads `.device`: a Keras 3
-  variable has none, so on its own a Sonnet optimizer cannot train a Keras layer
-  ("'Variable' object has no attribute 'device'").
-  """
-  if isinstance(variable, keras.Variable):
-    inner = getattr(variable, "_value", None)
-    if isinstance(inner, tf.Variable):
-      return inner
-  return variable
+  """A Keras 3 variable's TensorFlow variable, which a Sonnet optimizer can update:
+  Sonnet makes its slots with `variable_like`, which reads `.device`, and a Keras
+  3 variable has none ("'Variable' object has no attribute 'device'")."""
+  inner = getattr(variable, "_value", None) if isinstance(variable, keras.Variable) else None
+  return inner if isinstance(inner, tf.Variable) else variable
 
 
 def _reduce_op_fix(value) -> str:
@@ -47,13 +41,9 @@ def _reduce_op_fix(value) -> str:
 
 
 def _clip_by_global_norm(grads, clip_norm):
-  """`tf.clip_by_global_norm` for gradients of several float dtypes.
-
-  TensorFlow's stacks the per-tensor norms, which fails when a model mixes
-  dtypes (bfloat16 or float64 layers beside float32 ones). The norm and the
-  scaling are computed in float32 (float64 if a gradient is float64); each
-  gradient is cast back to its own dtype.
-  """
+  """`tf.clip_by_global_norm` for gradients of several float dtypes (TensorFlow's
+  stacks the per-tensor norms, which fails on mixed dtypes): the norm and the
+  scaling in float32 (float64 if a gradient is), each gradient cast back."""
   wide = (tf.float64 if any(g is not None and g.dtype == tf.float64 for g in grads)
           else tf.float32)
   clipped, _ = tf.clip_by_global_norm(
@@ -221,7 +211,6 @@ class ReplicatedOptimizer(tf.Module):
                                    self._all_reduce)
     else:  # dense, as the reduction makes them: the same update on 1 or N replicas
       reduced = [tf.convert_to_tensor(g) for g in reduced]
-    grads = list(grads)
     for i, grad in zip(present, reduced):
       grads[i] = grad
     with replica_context.writing_locally():
@@ -248,30 +237,25 @@ class ReplicatedOptimizer(tf.Module):
             "tape.gradient(loss, variables) with those variables.")
 
   def _checked_dtypes(self, grads, variables):
-    """`grads`, each of a dtype its variable can take, or a TypeError.
-
-    An integer gradient of a float variable cannot be averaged over replicas
-    ("ReduceOp.MEAN needs floating values"). On one device a Keras optimizer
-    casts it to the variable's dtype, and so does this; a Sonnet optimizer
-    refuses it, and so does this, naming both dtypes.
-    """
+    """`grads`, each of a dtype its variable can take, or a TypeError: an integer
+    gradient of a float variable, which no mean over replicas takes, is cast to
+    the variable's dtype for Keras and refused for Sonnet, as on one device."""
     checked = list(grads)
     for i, (grad, variable) in enumerate(zip(grads, variables)):
       grad_dtype = getattr(grad, "dtype", None)
-      if grad is None or grad_dtype is None:
+      if grad_dtype is None:  # a None gradient too
         continue
       grad_dtype, dtype = tf.as_dtype(grad_dtype), tf.as_dtype(variable.dtype)
       if (grad_dtype.is_floating or grad_dtype.is_complex or
           not (dtype.is_floating or dtype.is_complex)):
         continue
-      if self._kind == "keras":
-        checked[i] = _cast(grad, dtype)
-        continue
-      raise TypeError(
-          f"updates: the gradient of variable {variable.name!r} is "
-          f"{grad_dtype.name}, but the variable is {dtype.name}; an update "
-          "must have its variable's dtype. Cast the gradient: "
-          f"tf.cast(grad, tf.{dtype.name}).")
+      if self._kind != "keras":
+        raise TypeError(
+            f"updates: the gradient of variable {variable.name!r} is "
+            f"{grad_dtype.name}, but the variable is {dtype.name}; an update "
+            "must have its variable's dtype. Cast the gradient: "
+            f"tf.cast(grad, tf.{dtype.name}).")
+      checked[i] = tf.cast(grad, dtype)  # an IndexedSlices' values too
     return checked
 
   def _update(self, grads, variables):
@@ -358,13 +342,6 @@ class _ParameterLists:
   def add(self, variables, count, accumulators):
     self._lists.append((frozenset(id(v) for v in variables), list(variables),
                         count, list(accumulators)))
-
-
-def _cast(grad, dtype):
-  if isinstance(grad, tf.IndexedSlices):
-    return tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices,
-                            grad.dense_shape)
-  return tf.cast(grad, dtype)
 
 
 def _names(variables) -> str:

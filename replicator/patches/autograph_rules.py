@@ -6,15 +6,11 @@ holds for replicator's own code, always (it is plain Python that must run as
 written), and, while a step is traced, for Sonnet's modules that never call
 code of the user's back (`SONNET_AS_WRITTEN`).
 
-Sonnet writes those to be traced without AutoGraph: its conformance tests
-trace every module, variable creation included, under
-`tf.function(autograph=False)`, and the methods that need AutoGraph (batch
-norm's and dropout's `__call__`) convert themselves (`smart_autograph`).
-Converting them anyway costs the first trace dearly when a module is built in
-it, as replicator builds them (MirroredStrategy's users build theirs eagerly
-first, where nothing is converted): it is a large part of a lazily built
-model's first trace (docs/design.md, "Patches of TensorFlow and Keras, and
-why"; benchmarks/RESULTS.md, "Time to the first training step").
+Sonnet writes those to be traced without AutoGraph (its conformance tests
+trace every module under `tf.function(autograph=False)`; batch norm's and
+dropout's `__call__` convert themselves). Converting them anyway is a large
+part of the first trace of a step that builds its model, as replicator's do
+(benchmarks/RESULTS.md, "Time to the first training step").
 
 What stays converted: the user's code, and Sonnet's code that calls it back
 (`snt.Module`'s method wrappers, `snt.once`, `snt.Sequential`, `snt.nets.MLP`'s

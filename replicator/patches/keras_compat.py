@@ -1,31 +1,18 @@
 """Where Keras 3 (TensorFlow backend) needs help to be replica-correct.
 
 The fixes patch Keras' TensorFlow backend, only while a step is traced:
-`patches.registry` lists them (a Keras that lacks one of the names gets a
-warning, and steps run without that fix). Each is guarded by a test that
-fails if the replicas go wrong.
+`patches.registry` lists them and says why each is needed (a Keras that lacks
+one of the names gets a warning, and steps run without that fix). Each is
+guarded by a test that fails if the replicas go wrong.
 
-1. Seeds. Keras random ops (`Dropout`, `keras.random.*`, augmentation layers)
-   are stateless ops seeded by a `SeedGenerator` (a replicated variable, the
-   same on every replica) or an int, so every replica would drop the same units
-   and draw the same noise. Inside a step, replica r's seed is offset by a
-   function of r: replica 0 draws what one device would, the others differ.
-2. `assign_add` / `assign_sub`. Keras implements them as `assign(self + x)`, so
-   a variable aggregated by SUM (a layer's counter) would get N times its old
-   value plus the changes. They go to our variable's own `assign_add`, which
-   sums the changes.
-3. `BatchNormalization(synchronized=True)`. Keras sums its statistics over the
-   replicas of the `tf.distribute` replica context, which inside a step is
-   the default one (a single replica): the flag would do nothing. Inside a
-   step the sums go through our all-reduce instead, so the statistics are
-   those of the global batch, as under `MirroredStrategy`.
-4. Gradients summed twice. Inside `tf.distribute`'s replica context (the
-   strategy engine's steps) a Keras optimizer all-reduces the gradients it is
-   given; the wrapped optimizer has averaged them already, so its update
-   skips that sum: N replicas would otherwise apply N times the mean. Its
-   update (and weight decay) then runs in a `merge_call`, which applies every
-   replica's value to every copy; it runs in the replica's context instead,
-   each replica updating its own copy, as Sonnet's optimizers do.
+1. Seeds: inside a step, replica r's Keras seed is offset by a function of r,
+   so replicas draw different numbers (replica 0 what one device would).
+2. `assign_add` / `assign_sub` go to our variable's own, which sums the changes.
+3. `BatchNormalization(synchronized=True)` sums its statistics over the
+   replicas with our all-reduce: the statistics of the global batch.
+4. Inside `tf.distribute`'s replica context (the strategy engine's steps), the
+   wrapped optimizer's update, whose gradients it has averaged already, skips
+   Keras' sum of them and its `merge_call`: each replica updates its own copy.
 """
 
 import tensorflow as tf

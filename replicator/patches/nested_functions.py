@@ -16,13 +16,9 @@ A concrete function made outside the step holds the copies it was traced with
 and cannot be retraced (it keeps no Python function): calling it in a step
 that would give it another replica's copies is an error.
 
-The strategy engine's replicas are traced by `tf.distribute`: on a TPU once
-for all, where nothing of this is needed; on its stand-in and in its traces
-outside `strategy.run`, each apart, where the same holds. Which is the case
-is the replica's `static_local_index()`: None where one trace serves all.
-
-Both replace a `__call__` of TensorFlow's, only while a step is traced
-(`patches.registry`).
+Where one trace serves every replica (the strategy engine's on a TPU), the
+replica's `static_local_index()` is None and nothing of this is needed. Both
+replace a `__call__` of TensorFlow's, only while a step is traced.
 """
 
 from tensorflow.python.autograph.core import converter
@@ -37,11 +33,10 @@ def calls_per_replica(original_call):
   def call(function, *args, **kwargs):
     replica = replica_context.current()
     index = None if replica is None else replica.static_local_index()
-    if index is None:  # outside a step, or one trace serves every replica
+    # Outside a step, where one trace serves every replica, or run eagerly.
+    if index is None or function._run_functions_eagerly:  # pylint: disable=protected-access
       return original_call(function, *args, **kwargs)
     copies, key = replica.function_copies, (id(function), index)
-    if function._run_functions_eagerly:  # pylint: disable=protected-access
-      return original_call(function, *args, **kwargs)
     # pylint: disable-next=protected-access
     if function._jit_compile or function._attributes or function.input_signature:
       if key not in copies:  # the function is kept alive with its copy

@@ -1,15 +1,12 @@
 """Every private name of TensorFlow, Keras and Sonnet that replicator uses as it is.
 
 `registry.PATCHES` holds the names replicator replaces; `USES` the others:
-what it reads, calls, sets, subclasses or imports (a private module path,
-`tensorflow.python...`, `keras.src...`, `sonnet.src...`, is a private name
-too), and what TensorFlow looks up on replicator's own objects. A new version
-may rename or change any of them: each record says what replicator does with
-it and the versions it is known for. `error_texts.MESSAGES` holds the words
-of TensorFlow's errors that replicator matches. `tests/patches/
-test_private_names.py` checks every record against the TensorFlow, Keras and
-Sonnet installed, and fails on a private name in replicator's source that no
-record covers.
+what it reads, calls, sets, subclasses or imports (a private module path is a
+private name too), and what TensorFlow looks up on replicator's own objects;
+`error_texts.MESSAGES` the words of TensorFlow's errors that it matches.
+`tests/patches/test_private_names.py` checks every record against the versions
+installed, and fails on a private name in replicator's source that no record
+covers.
 """
 
 import dataclasses

@@ -1,13 +1,9 @@
 """Every replica draws its own random numbers.
 
-Stateful `tf.random` ops take their seed from TensorFlow's `get_seed`; inside a
-step we fold the replica id into the op seed, so replicas tracing the same code
-with the same seeds still draw different, reproducible streams. A
-`tf.random.Generator` made in a replicator context hashes the replica id into
-its key in a step (`Replicator.random_generator` gives every replica a
-generator of its own: `engines.in_graph.generators`). Keras' random ops
-get the same treatment in `keras_compat`. `patches.registry` lists what these
-replace, installed only while a step is traced.
+Stateful `tf.random` ops get the replica id folded into their op seed
+(`seed_per_replica`), a `tf.random.Generator` made in a replicator context and
+Keras' seeds (`keras_compat`) get it in their key (`key_per_replica`,
+`offset_seed`): replicas draw different, reproducible streams.
 """
 
 import tensorflow as tf
@@ -75,9 +71,7 @@ def _key_of(replica, key: tf.Tensor, algorithm) -> tf.Tensor:
   trace serves every replica (a TPU's), chosen when the step runs."""
   replica_id = replica.static_replica_id()
   if replica_id is not None:
-    if not replica_id:
-      return key
-    return _hashed(key, tf.constant([replica_id, 0], tf.uint64), algorithm)
+    return _hashed(key, tf.constant([replica_id, 0], tf.uint64), algorithm) if replica_id else key
   replica_id = replica.replica_id()
   hashed = _hashed(key, tf.cast(tf.stack([replica_id, 0]), tf.uint64), algorithm)
   return tf.where(tf.equal(replica_id, 0), key, hashed)

@@ -59,10 +59,8 @@ class Patch:
     optional: Keras' names: where one is missing, a warning (once) and steps
       traced without the patch, rather than an error at every trace: Keras
       is released apart from TensorFlow, and a program without Keras layers
-      must not fail for a Keras rename. Keras is imported by then (TensorFlow's
-      `__init__` imports `keras.src.optimizers`, which loads these backend
-      modules, and `replicator.optimizers` imports keras to tell a Keras
-      optimizer), so `owner` imports the module rather than wait for it.
+      must not fail for a Keras rename. (Keras is imported by then, by
+      `replicator.optimizers`, so `owner` imports the module.)
     undo: what to leave in place of a value that replaced ours since it was
       installed (by default, that value stays).
   """
@@ -302,10 +300,6 @@ def while_tracing():
         _restore_all()
 
 
-def _install_permanent():
-  for patch in PATCHES:
-    if not patch.trace_only:
-      _install(patch)
-
-
-_install_permanent()
+for _patch in PATCHES:  # the permanent ones, from import on
+  if not _patch.trace_only:
+    _install(_patch)

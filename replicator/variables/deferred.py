@@ -1,14 +1,11 @@
 """Variable writes whose merge over replicas waits for the end of the step.
 
-While a step is traced, `DeferredMerges` records the deferred writes and
-`merge_deferred` merges them all in one rendezvous at the end of each
-replica's step; where something reads a copy in between, `MergeAtWrite` asks
-for a trace that merges those variables at the write instead. `written_here`
-records the ops by which the library writes a copy, so that
-`step_checks.check_writes` can refuse a write that bypassed the merge.
+`StepWrites` records them while a step is traced, and `merge_deferred`
+merges them all in one rendezvous at the end of each replica's step
+(docs/design.md, "Deferred merges"). `written_here` records the ops by which
+the library writes a copy, so that `step_checks.check_writes` can refuse a
+write that bypassed the merge.
 """
-
-from typing import Callable
 
 import tensorflow as tf
 
@@ -19,7 +16,7 @@ from replicator.collectives import replica_context
 
 class MergeAtWrite(Exception):
   """The step read variables whose merge it deferred: trace it again, merging them
-  where they are written (`DeferredMerges.check_unread`)."""
+  where they are written (`StepWrites.all_returned`)."""
 
   def __init__(self, variables):
     super().__init__(", ".join(v.name for v in variables))
@@ -31,68 +28,44 @@ class StepWrites:
   `trace` a `collectives.replica_context.ReplicaGroup` carries for the
   replicas' threads (a `replica_context.StepTrace`).
 
-  Attributes:
-    deferred: the merges that wait for the end of the step (`DeferredMerges`).
-    library: the ops by which replicated variables wrote their copies in the
-      step's graph (`written_here`); `engines.step_checks.check_writes`
-      refuses any other write of a copy.
+  `library` holds the ops by which replicated variables wrote their copies in
+  the step's graph (`written_here`); `engines.step_checks.check_writes`
+  refuses any other write of a copy.
+
+  The rest are the writes whose merge waits for the step's end (docs/design.md,
+  "Deferred merges"): each replica writes its own copy, and `merge_deferred`
+  merges the copies in one rendezvous after step_fn returns. That is the merge
+  at the write only while nothing reads the copy in between but what is
+  itself written to a deferred variable (Sonnet's debiased average, computed
+  from the hidden one): `all_returned` raises `MergeAtWrite` for any other
+  read (this replica's value where the merge at the write gives the mean),
+  and the step is traced again with those variables merged at their writes.
   """
 
   def __init__(self):
-    self.deferred = DeferredMerges()
     self.library = set()
-
-  def replica_returned(self):
-    self.deferred.merge()
-
-  def all_returned(self, outputs):
-    self.deferred.check_unread(outputs)
-
-
-class DeferredMerges:
-  """Variable writes of one step trace whose merge waits for the step's end.
-
-  Where merges are collectives (`reductions.merged_by_collectives`), a
-  variable averaged over replicas (`snt.BatchNorm`'s moving averages,
-  spectral norm's `u`) or taking the first replica's value (a counter) is
-  written on each replica's copy alone, and the copies are merged once, all
-  in one rendezvous, after step_fn returns (`merge_deferred`): between
-  workers, one round trip a step instead of one per such variable. That is the merge at the write only
-  while nothing reads the copy in between but what is itself written to a
-  deferred variable (Sonnet's debiased average, computed from the hidden
-  one). A read that reaches anything else (the loss, step_fn's outputs, a
-  collective, a `tf.cond` or any op with effects) would see this replica's
-  value where the merge at the write gives the mean: `check_unread` finds
-  it once the trace is done and raises `MergeAtWrite` for those variables,
-  and the step is traced again with their merges where they are written.
-  """
-
-  def __init__(self):
-    self.variables = {}  # id of a ReplicatedVariable -> it, in the order first deferred
+    self.variables = {}  # id of a deferred ReplicatedVariable -> it, in the order first deferred
     self._handles = {}  # id of a copy's handle in the step graph -> (it, its variable)
     self._earlier = {}  # id of that handle -> the ops that used it before the write
     self._own = set()  # the ops of the merge at the end
-    self._merge = None
 
-  def add(self, variable, handle: tf.Tensor, merge: Callable[["DeferredMerges"], None]):
-    """`variable`'s copy, used in the step graph through `handle`, is written next;
-    `merge(self)` merges every deferred variable at the end of a replica's step."""
-    self._merge = merge
+  def add(self, variable, handle: tf.Tensor):
+    """`variable`'s copy, used in the step graph through `handle`, is written next."""
     self.variables.setdefault(id(variable), variable)
     if id(handle) not in self._handles:
       self._handles[id(handle)] = (handle, variable)
       self._earlier[id(handle)] = frozenset(handle.consumers())
 
-  def merge(self):
-    """At the end of the current replica's step (`add`'s `merge`), if any."""
+  def replica_returned(self):
+    """At the end of the current replica's step: `merge_deferred`, if any."""
     if self.variables:
-      self._merge(self)
+      merge_deferred(self)
 
   def own(self, ops):
     """`ops` are the end's merge, which reads and writes the copies as it should."""
     self._own.update(ops)
 
-  def check_unread(self, outputs):
+  def all_returned(self, outputs):
     """Raises `MergeAtWrite` for the deferred variables read where it matters."""
     returned = {id(t) for t in tf.nest.flatten(outputs, expand_composites=True)
                 if tf.is_tensor(t)}
@@ -133,13 +106,6 @@ class DeferredMerges:
 _WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
-class Deferred:
-  """A replica's value whose merge waits for the step's end."""
-
-  def __init__(self, value):
-    self.value = value
-
-
 def written_here(replica, copy, write):
   """`write()`, which writes `copy` as this module merges it: its ops in the
   step's graph are recorded (`StepWrites.library`), so that
@@ -155,7 +121,7 @@ def written_here(replica, copy, write):
   return result
 
 
-def merge_deferred(deferred: DeferredMerges):
+def merge_deferred(deferred: StepWrites):
   """At the end of this replica's step: every deferred variable's copies
   merged and written back, in one rendezvous: the means in one packed
   all-reduce, the first replica's values (integers, ONLY_FIRST_REPLICA) in

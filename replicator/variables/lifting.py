@@ -2,31 +2,15 @@
 
 Both engines trace step_fn once before its first run (the in-graph engine the
 replicated step itself, the strategy engine step_fn alone), and both make the
-variables that trace creates the one way this module says. `Lifting.create`
-makes each outside the trace at once, holding no value yet, with the
-`VariableMaker` its engine plugs in (the in-graph engine's makes the first
-copy of a `ReplicatedVariable`, the strategy engine's a variable under the
-strategy's scope). When the trace ends, `Lifting.initialize` computes every
-initial value in one function, run once and so without Grappler, from the
-initializer ops the trace recorded (copied out with `lift_to_graph`, in
-creation order, so that `tf.Variable(w)` of a variable made earlier in the
-step works), and has the maker assign them, unless something gave a variable
-its value meanwhile (a checkpoint's deferred restore).
-
-The rules, the same on both engines:
-- A value of any static shape is lifted: one whose shape the trace cannot
-  know (`tf.unique`'s rows) makes a variable of that partly known shape,
-  whose value has its full shape once initialized.
-- The orderings TensorFlow adds at the end of a trace (reads after writes,
-  stateful ops in program order) are dropped from the initializers' ops, so
-  nothing of the step runs with them; orderings among the initializers stay.
-  A value computed from a variable the step changed earlier raises: it would
-  need the step to run first.
-- A value fed by the step's input (data-dependent initialization) raises
-  `op_selector.UnliftableError` where the variable is made: variables made in
-  the step are initialized before any batch arrives.
-- A checkpoint's deferred initial value is not lifted: `create` returns None
-  and the engine makes the variable its own way.
+variables that trace creates the one way this module says (the rules:
+docs/design.md, "Lifting"). `Lifting.create` makes each outside the trace at
+once, holding no value yet, with the `VariableMaker` its engine plugs in. When
+the trace ends, `Lifting.initialize` computes every initial value in one
+function, run once and so without Grappler, from the initializer ops the
+trace recorded (copied out with `lift_to_graph`, in creation order, so that
+`tf.Variable(w)` of a variable made earlier in the step works), and has the
+maker assign them, unless something gave a variable its value meanwhile (a
+checkpoint's deferred restore).
 
 `no_creation` refuses a variable made where a step may not make one (a later
 trace, another replica's), naming it as `describe` does.
@@ -97,9 +81,11 @@ class Lifting:
     return variable
 
   def initializer_names(self) -> set:
-    """The names of the trace's ops that only compute initial values (they
-    run once, not in the step)."""
-    return _used_only_to_initialize([ops for _, _, ops in self._lifted])
+    """The names of the trace's ops that only compute initial values, whose
+    values nothing else uses (they run once, not in the step)."""
+    ops = frozenset().union(*(ops for _, _, ops in self._lifted))
+    return {op.name for op in ops
+            if all(consumer in ops for output in op.outputs for consumer in output.consumers())}
 
   def initialize(self):
     """Assigns the initial values of the variables made so far (see above)."""
@@ -116,7 +102,6 @@ class Lifting:
     for variable, _, ops in lifted:
       earlier |= ops
       _drop_orderings_added_later(variable, ops, earlier)
-    maker = self._maker
 
     def initialize():
       copies = None
@@ -126,7 +111,7 @@ class Lifting:
             op_map=copies, disallowed_placeholders=Inputs(batch[0][1].graph),
             handle_captures=True)
         for variable, value, _ in batch:
-          maker.assign(variable, copies[value])
+          self._maker.assign(variable, copies[value])
 
     with tf.init_scope(), _without_grappler():
       # Called as a concrete function: tf.function warns of "retracing" when
@@ -235,19 +220,9 @@ class Inputs:
         captured is op.outputs[0] for captured in self._graph.internal_captures)
 
 
-def _used_only_to_initialize(subgraphs) -> set:
-  """The names of the ops in `subgraphs` whose values nothing else uses."""
-  ops = frozenset().union(*subgraphs)
-  return {op.name for op in ops
-          if all(consumer in ops for output in op.outputs for consumer in output.consumers())}
-
-
 def subgraph(value: tf.Tensor) -> frozenset:
-  """The ops that compute `value` in its trace; raises
-  `op_selector.UnliftableError` if an input feeds it.
-
-  Values captured from outside the trace (variables, tensors) may.
-  """
+  """The ops that compute `value` in its trace; raises `op_selector.UnliftableError`
+  if an input feeds it (values captured from outside the trace may)."""
   ops = set()
   op_selector.map_subgraph(value, sources=set(), disallowed_placeholders=Inputs(value.graph),
                            visited_ops=ops, op_outputs=collections.defaultdict(set),

@@ -1,16 +1,12 @@
 """Replicated variables: one copy per local replica, kept identical.
 
-Inside a step, replica `r` reads and writes its own copy. An assignment made
-inside a step is merged over the replicas first, as `merge_rules` says (a mean
-for floats, replica 0's value for integers, or the variable's own
-`aggregation`), so the copies never drift. Where merges are collectives (GPUs,
-several workers), the merge of a float mean or of the first replica's value
-waits for the end of the step, where every variable so written is merged in
-one rendezvous, unless the step reads the copy in between
-(`deferred.DeferredMerges`). Outside a step, reads see copy 0 and writes go to
-every copy.
+Inside a step, replica `r` reads and writes its own copy; a write is merged
+over the replicas first (`merge_rules`), so the copies never drift (a mean or
+the first replica's value, where merges are collectives, at the step's end:
+`deferred`). Outside a step, reads see copy 0 and writes go to every copy.
 """
 
+import functools
 from typing import List, Sequence
 
 import tensorflow as tf
@@ -32,30 +28,28 @@ _Aggregation = tf.VariableAggregation
 
 
 class _Collectives:
-  """`merge_rules.Replicas` of the in-graph replica `replica`: each a
-  collective of its group named `what` (as errors name the write)."""
+  """The collectives of the in-graph replica `replica` that `merge_rules` uses,
+  as `Replica`'s but each a rendezvous named `what` (as errors name the
+  write), with no gradient: a write never needs one."""
 
   def __init__(self, replica, what: str):
-    self._replica = replica
-    self._what = what
     self.num_replicas = replica.group.num_replicas
-
-  def _collective(self, flat, merge):
-    return self._replica.collective(self._what, flat, merge)
+    self._group = replica.group
+    self._collective = functools.partial(replica.collective, what)
 
   def all_reduce(self, flat, op, options):
-    group = self._replica.group
+    group = self._group
     return self._collective(flat, lambda values: reductions.all_reduce(
         values, op, group.devices, options, num_replicas=group.num_replicas,
         keys=group.keys))
 
   def all_gather(self, flat, axis):
-    group = self._replica.group
+    group = self._group
     return self._collective(flat, lambda values: gathering.all_gather(
         values, axis, group.devices, group.keys))
 
   def broadcast(self, flat, source):
-    group = self._replica.group
+    group = self._group
     return self._collective(flat, lambda values: reductions.broadcast(
         values, source, group.devices, group.first_replica_id, group.keys))
 
@@ -158,9 +152,6 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
   initializer = property(lambda self: self._vars[0].initializer)
   initial_value = property(lambda self: self._vars[0].initial_value)
 
-  def get_shape(self):
-    return self.shape
-
   def value(self):
     return self._current.value()
 
@@ -204,35 +195,37 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
             f"dtype={self.dtype.name} replicas={len(self._vars)}>")
 
   # Writes: merged as `merge_rules` says, then written to this replica's copy.
-  def _update(self, method: str, value, **kwargs):
+  def _write(self, write, value, merge, outside=lambda results: results[0]):
+    """`write(copy, value)`: on every copy outside a step (`outside` picks what
+    to return); inside, on this replica's copy, once `merge(replica, value)`
+    has made the value common to every replica."""
     replica = replica_context.current()
     if replica is None:
-      ops = [getattr(v, method)(value, **kwargs) for v in self._vars]
-      return ops[0] if kwargs.get("read_value", True) else tf.group(ops)
+      return outside([write(v, value) for v in self._vars])
     copy = self._copy_to_write(replica)
     if not replica_context.local_writes() and replica.group.num_replicas > 1:
+      value = merge(replica, value)
+    return deferred.written_here(replica, copy, lambda: write(copy, value))
+
+  def _update(self, method: str, value, read_value: bool):
+    def merge(replica, value):
       value = tf.convert_to_tensor(value, self.dtype)
       if self._defers(replica):  # written here, merged at the step's end
-        value = self._deferred(replica, value)
-      else:
-        value = self._rule.dense(method, value, copy.read_value, self._collectives(
-            replica, f"an update of variable {self.name}"))
-    return deferred.written_here(replica, copy, lambda: getattr(copy, method)(value, **kwargs))
-
-  def _collectives(self, replica, what: str) -> merge_rules.Replicas:
-    return _Collectives(replica, what)
+        return self._deferred(replica, value)
+      return self._rule.dense(method, value, self._vars[replica.index].read_value,
+                              _Collectives(replica, f"an update of variable {self.name}"))
+    return self._write(lambda copy, value: getattr(copy, method)(value, read_value=read_value),
+                       value, merge, outside=lambda ops: ops[0] if read_value else tf.group(ops))
 
   def _defers(self, replica) -> bool:
-    """Whether this write's merge waits for the step's end (`deferred.DeferredMerges`).
+    """Whether this write's merge waits for the step's end (`deferred.StepWrites`).
 
-    A mean's and a first replica's value's may: the merge of what each
-    replica's writes leave, one for all the step's writes where merges are
-    collectives (between GPUs or workers: one launch or round trip instead of
-    one per write). Where they are sums in the graph (the CPUs of one worker)
-    each merges at its write: packing them only adds ops that Grappler pays
-    for in the first step (benchmarks.runs.first_step).
-    Not inside a `tf.cond` or loop of step_fn, where the end could not
-    follow, nor for booleans, which no all-reduce takes.
+    A mean's and a first replica's value's may, where merges are collectives
+    (between GPUs or workers: one launch or round trip for all the step's
+    writes); where they are sums in the graph (the CPUs of one worker),
+    packing them only adds ops that Grappler pays for in the first step
+    (benchmarks.runs.first_step). Not inside a `tf.cond` or loop of step_fn,
+    where the end could not follow, nor for booleans, which no all-reduce takes.
     """
     group = replica.group
     return (self._reduce_op in (reduce_options.ReduceOp.MEAN, None)
@@ -243,25 +236,11 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
   def _deferred(self, replica, value):
     """`value`, unmerged: the replicas meet here (in order, as at any write),
     and the merge of this variable is added to the step's end."""
-    value = replica.collective(
-        f"an update of variable {self.name}", [value],
-        lambda values: [[deferred.Deferred(v) for v in own] for own in values])[0]
-    replica.group.trace.deferred.add(
-        self, tf.compat.v1.get_default_graph().capture(self._vars[replica.index].handle),
-        deferred.merge_deferred)
-    return value.value
-
-  def _write(self, write, value, merge, outside=lambda results: results[0]):
-    """`write(copy, value)`: on every copy outside a step (`outside` picks what
-    to return); inside, on this replica's copy, once `merge(replicas, value)`
-    has made the value common to every replica."""
-    replica = replica_context.current()
-    if replica is None:
-      return outside([write(v, value) for v in self._vars])
-    copy = self._copy_to_write(replica)
-    if not replica_context.local_writes() and replica.group.num_replicas > 1:
-      value = merge(replica, value)
-    return deferred.written_here(replica, copy, lambda: write(copy, value))
+    value, = replica.collective(f"an update of variable {self.name}", [value],
+                                lambda values: values)
+    replica.group.trace.add(
+        self, tf.compat.v1.get_default_graph().capture(self._vars[replica.index].handle))
+    return value
 
   def _strided_slice_assign(self, begin, end, strides, value, name, begin_mask,
                             end_mask, ellipsis_mask, new_axis_mask,
@@ -275,61 +254,17 @@ class ReplicatedVariable(tf.Variable, core.Tensor):
 
     def merge(replica, value):
       return self._rule.dense("slice", tf.convert_to_tensor(value, self.dtype), None,
-                              self._collectives(replica, f"an update of variable {self.name}"))
+                              _Collectives(replica, f"an update of variable {self.name}"))
     return self._write(write, value, merge)
 
   def assign(self, value, use_locking=None, name=None, read_value=True):
-    return self._update("assign", value, read_value=read_value)
+    return self._update("assign", value, read_value)
 
   def assign_add(self, delta, use_locking=None, name=None, read_value=True):
-    return self._update("assign_add", delta, read_value=read_value)
+    return self._update("assign_add", delta, read_value)
 
   def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
-    return self._update("assign_sub", delta, read_value=read_value)
-
-  # Sparse writes: every replica applies the rows of all (`merge_rules`).
-  def _scatter(self, method: str, sparse_delta):
-    if not isinstance(sparse_delta, tf.IndexedSlices):
-      raise TypeError(
-          f"sparse_delta: {method} of {self.name!r} expects a tf.IndexedSlices, "
-          f"got {type(sparse_delta).__name__}.")
-
-    def merge(replica, delta):
-      rows, values = self._rows(replica, method, delta.indices, delta.values)
-      return tf.IndexedSlices(values, rows, delta.dense_shape)
-    return self._write(lambda copy, delta: getattr(copy, method)(delta),
-                       sparse_delta, merge)
-
-  def _scatter_nd(self, method: str, indices, updates):
-    def merge(replica, indices_and_updates):
-      return self._rows(replica, method, *indices_and_updates)
-    return self._write(lambda copy, args: getattr(copy, method)(*args),
-                       (indices, updates), merge, outside=tf.group)
-
-  def _rows(self, replica, method, indices, values):
-    return self._rule.rows(method, indices, values, self.dtype, self._collectives(
-        replica, f"a {method} of variable {self.name}"))
-
-  def _scatter_method(method):  # pylint: disable=no-self-argument
-    if method.startswith("scatter_nd"):
-      def write(self, indices, updates, name=None):
-        return self._scatter_nd(method, indices, updates)  # pylint: disable=protected-access
-    else:
-      def write(self, sparse_delta, use_locking=False, name=None):
-        return self._scatter(method, sparse_delta)  # pylint: disable=protected-access
-    write.__name__ = method
-    return write
-
-  scatter_sub = _scatter_method("scatter_sub")
-  scatter_add = _scatter_method("scatter_add")
-  scatter_max = _scatter_method("scatter_max")
-  scatter_min = _scatter_method("scatter_min")
-  scatter_mul = _scatter_method("scatter_mul")
-  scatter_div = _scatter_method("scatter_div")
-  scatter_update = _scatter_method("scatter_update")
-  scatter_nd_sub = _scatter_method("scatter_nd_sub")
-  scatter_nd_add = _scatter_method("scatter_nd_add")
-  scatter_nd_update = _scatter_method("scatter_nd_update")
+    return self._update("assign_sub", delta, read_value)
 
   # Checkpoints hold one copy; restoring writes every copy.
   def _serialize_to_tensors(self):
@@ -383,6 +318,38 @@ class _CopySpec(resource_variable_ops.VariableSpec):
 
   def cast(self, value, casting_context):
     return super().cast(_copy(value), casting_context)
+
+
+def _scatter(method: str):
+  """`ReplicatedVariable.<method>`, a scatter: every replica applies the rows of
+  all (`merge_rules.Rule.rows`)."""
+  def rows(self, replica, indices, values):
+    return self._rule.rows(method, indices, values, self.dtype,  # pylint: disable=protected-access
+                           _Collectives(replica, f"a {method} of variable {self.name}"))
+
+  if method.startswith("scatter_nd"):
+    def write(self, indices, updates, name=None):
+      return self._write(  # pylint: disable=protected-access
+          lambda copy, args: getattr(copy, method)(*args), (indices, updates),
+          lambda replica, args: rows(self, replica, *args), outside=tf.group)
+  else:
+    def write(self, sparse_delta, use_locking=False, name=None):
+      if not isinstance(sparse_delta, tf.IndexedSlices):
+        raise TypeError(
+            f"sparse_delta: {method} of {self.name!r} expects a tf.IndexedSlices, "
+            f"got {type(sparse_delta).__name__}.")
+
+      def merge(replica, delta):
+        indices, values = rows(self, replica, delta.indices, delta.values)
+        return tf.IndexedSlices(values, indices, delta.dense_shape)
+      return self._write(  # pylint: disable=protected-access
+          lambda copy, delta: getattr(copy, method)(delta), sparse_delta, merge)
+  write.__name__ = method
+  return write
+
+
+for _method in merge_rules.SCATTERS:
+  setattr(ReplicatedVariable, _method, _scatter(_method))
 
 
 def _copy(value):

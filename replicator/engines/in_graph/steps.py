@@ -223,7 +223,7 @@ class CompiledStep:
             concrete = self._replicated_step.get_concrete_function(batches, args, effects.GATE_SPEC)
             break
           except deferred.MergeAtWrite as read:
-            # Again, merging these where they are written (deferred.DeferredMerges);
+            # Again, merging these where they are written (deferred.StepWrites);
             # the variables the first trace made are made (`creating` fills them).
             for variable in read.variables:
               variable._merge_at_write = True  # pylint: disable=protected-access
