@@ -1,10 +1,5 @@
-"""`InGraphEngine`: the replicas of a step traced into one graph, by the library.
-
-What `GpuReplicator` (with `jit_compile=True`, compiled with XLA) and
-`MultiGpuReplicator` run on: an `engines.protocol.Engine`, as
-`engines.strategy.engine.StrategyEngine` is (where `tf.distribute` runs the
-steps: the TPU and its emulator), so that `Replicator` is written once over either.
-"""
+"""`InGraphEngine`: the `engines.protocol.Engine` of `GpuReplicator` and
+`MultiGpuReplicator`, which traces every local replica of a step into one graph."""
 
 import logging
 from typing import Any, Callable, ContextManager, Optional, Sequence
@@ -154,21 +149,16 @@ class InGraphEngine:
     except step_checks.ProgramsDiffer:
       del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
       raise
-    except tf.errors.OpError as error:
-      unsupported = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
-                     if self._jit_compile else None)
-      if unsupported is not None:
-        raise unsupported from error
-      clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
+    except (tf.errors.OpError, ValueError, TypeError) as error:  # (a trace's too)
+      op_error = isinstance(error, tf.errors.OpError)
+      clearer = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
+                 if op_error and self._jit_compile else None)
+      if clearer is None:
+        clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
       if clearer is not None:
         raise clearer from error
-      if self._peers is not None:
+      if op_error and self._peers is not None:
         self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
-      raise
-    except (ValueError, TypeError) as error:  # step_fn's trace failed
-      clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
-      if clearer is not None:
-        raise clearer from error
       raise
 
   def copies(self, variable) -> Sequence[tf.Variable]:
