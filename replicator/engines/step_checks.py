@@ -26,11 +26,8 @@ _PRINT_OPS = frozenset({"PrintV2", "Print", "StringFormat"})
 
 
 def xla_unsupported(error: Exception, step_fn, compiled_by: str):
-  """A clear error for ops XLA cannot compile, or None for other errors.
-
-  TensorFlow's message names the op type deep inside a graph dump; this one
-  names step_fn, the ops and what to do instead.
-  """
+  """The error for ops XLA cannot compile, naming step_fn, the ops and what to
+  do instead; None for other errors."""
   ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
   if not ops:
     return None
@@ -90,10 +87,9 @@ def explained(error: Exception, step_fn, input_fn, element_spec):
   """The error a step's `error` should raise instead, in terms of step_fn and
   input_fn (outputs whose shapes differ between replicas, an input without a
   batch dimension), or None."""
-  if isinstance(error, tf.errors.OpError):
-    shapes = output_shape_error(error, step_fn)
-    if shapes is not None:
-      return shapes
+  if (isinstance(error, tf.errors.InvalidArgumentError)
+      and _STACKED_OUTPUTS in str(error)):  # stacking the outputs failed at run time
+    return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
   return unbatched_input(error, step_fn, input_fn, element_spec)
 
 
@@ -110,8 +106,8 @@ def check_outputs(outputs, step_fn):
   return tf.nest.map_structure(check, outputs)
 
 
-# the stacking op's name, by which `output_shape_error` knows its failure (in
-# the error's message)
+# the stacking op's name, by which `explained` knows its failure (in the
+# error's message)
 _STACKED_OUTPUTS = "outputs_of_every_replica"
 
 
@@ -124,14 +120,6 @@ def different_output_shapes(step_fn, shapes=None) -> str:
       "output over the replicas, so it must have one shape on all of them. "
       "Reduce it inside the step (repl.all_sum, a mean), or pad it to a fixed "
       "size and return a mask with it.")
-
-
-def output_shape_error(error: tf.errors.OpError, step_fn):
-  """A clear error when stacking the replicas' outputs failed at run time."""
-  if (not isinstance(error, tf.errors.InvalidArgumentError)
-      or _STACKED_OUTPUTS not in str(error)):
-    return None
-  return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
 
 
 def stack_over_replicas(values, step_fn):
@@ -298,8 +286,7 @@ def check_writes(graph, num_devices: int, num_replicas: int = 1,
     if external is None:
       continue
     if known is not None and id(external) not in known:
-      value = op.inputs[1] if len(op.inputs) > 1 else None
-      what = f" of dtype {value.dtype.name}" if value is not None else ""
+      what = f" of dtype {op.inputs[1].dtype.name}" if len(op.inputs) > 1 else ""
       raise ValueError(_made_outside(
           f"writes a variable{what} ({op.type} {op.name!r}) that was"))
     if op not in library_writes and registry.copy_of_handle(external) is not None:

@@ -66,7 +66,7 @@ class Gate:
     def ran_out():
       with tf.name_scope(RAN_OUT):
         return self._empty.get_next()
-    return tf.cond(ready, lambda: tf.constant(0, tf.int64), ran_out)
+    return tf.cond(ready, open_gate, ran_out)
 
 
 def hold_effects(ops, gate: tf.Tensor):

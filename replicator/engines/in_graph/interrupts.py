@@ -2,32 +2,27 @@
 
 A call of `steps=k` is one compiled TensorFlow call, and Python runs a signal's
 handler on the main thread only, once that call returns: a `KeyboardInterrupt`
-would wait for every step. So once such a call is traced, a `Hold` puts a
-recorder in place of each of these signals' Python handlers and points
-Python's wakeup fd (`signal.set_wakeup_fd`, written by the C-level handler on
-whichever thread the signal reaches) at a socket that a helper thread watches.
-On a signal that thread writes its number to the call's `StopFlag`, a host
-variable that the compiled loop reads before it fetches (or, without input,
-runs) each next step: the loop ends between two steps and returns the steps
-completed, with the status `fetch.StepStatus.INTERRUPTED` minus that number.
-The call stays on the thread that made it, with that thread's device scopes
-and summary writer. Once its steps are counted, `Hold.release` puts the
-handlers back and raises each held signal again (`signal.raise_signal`), so
-the process's own handler runs as it would have: `KeyboardInterrupt` for
-Ctrl-C by default, a preemption handler's flag or exit for SIGTERM.
+would wait for every step. So once such a call is traced, a `Hold` records
+these signals instead, and a helper thread watching Python's wakeup fd
+(`signal.set_wakeup_fd`, written by the C-level handler on whichever thread
+the signal reaches) writes each one's number to the call's `StopFlag`, which
+the compiled loop reads before each next step: the loop ends between two steps
+with the status `fetch.StepStatus.INTERRUPTED` minus that number. The call
+stays on the thread that made it (its device scopes, its summary writer). Once
+its steps are counted, `Hold.release` raises each held signal again, so the
+process's own handler runs as it would have (`KeyboardInterrupt` for Ctrl-C by
+default, a preemption handler's flag or exit for SIGTERM).
 
 On several workers every worker must stop at the same step, or the others
 would wait at the next step's collectives: with input, each step's fetch
 already meets the other workers in a collective, which also takes the
-workers' flags (a worker interrupted there makes it the last step of every
-worker, `fetch.StepStatus.LAST`); without input the workers compare their
-flags every `AGREE_EVERY` steps, beside the step. Each worker then handles
-the signal as if it had got it (`Hold.release`), so that all leave `run` alike.
+workers' flags (`fetch.StepStatus.LAST`); without input the workers compare
+their flags every `AGREE_EVERY` steps. Each worker then handles the signal as
+if it had got it, so that all leave `run` alike.
 
 A signal whose disposition is not a Python function is not held: with its
 default action SIGTERM still ends the process at once, and an ignored one
-stays ignored. Only the main thread holds signals (Python lets no other set
-handlers); a call on another thread is not interrupted.
+stays ignored.
 """
 
 import os

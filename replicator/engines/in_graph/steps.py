@@ -7,11 +7,7 @@ after it from the initializers it computed; see `creation`), and the loop
 reuses that trace; a later trace for other `args` may not create variables.
 On several workers the workers then compare the collectives they traced before
 any of them runs (`step_checks.check_same_program`), and only then do the
-chief's initial values go to every worker. How `args` are passed is in
-`step_args`, how each step's batches are fetched in `inputs.fetch`, the gate
-that holds a step's effects until its batches arrived in `effects`, the
-errors of a step that cannot run in `step_checks`, and how a signal ends the
-loop between two steps in `interrupts`.
+chief's initial values go to every worker.
 """
 
 import contextlib
@@ -31,12 +27,6 @@ from replicator.variables import lifting
 from replicator.engines.in_graph import creation
 from replicator.engines.in_graph import effects
 from replicator.engines.in_graph import interrupts
-
-
-def _to_spec(value):
-  if isinstance(value, tf.Tensor):
-    return tf.TensorSpec(value.shape, value.dtype)
-  return value
 
 
 class _Traced:
@@ -59,7 +49,7 @@ class CompiledStep:
                factory: creation.VariableFactory, jit_compile: bool,
                keys=None, new_variables=None, uneven_batches: bool = False):
     self._step_fn = step_fn
-    self._element_spec = element_spec
+    self.element_spec = element_spec
     # what the traces see: dims that differ between workers are unknown
     self._traced_spec = fetch.agreed_element_spec(element_spec, keys, devices[0])
     self._devices = tuple(devices)
@@ -81,21 +71,13 @@ class CompiledStep:
     self.variables_differ = []
     self._no_pending = tf.constant(0, tf.int64)  # the loop's `pending` on most calls
     self._gate = effects.Gate()  # (`_trace_single`)
-    self._stop = interrupts.StopFlag()  # what the loop reads before each next step
+    self.stop_flag = interrupts.StopFlag()  # what the loop reads before each next step
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
     # as one graph (inlined into the loop's `cond`, a GAN step runs slower).
     self._replicated_step = tf.function(self._trace_step, autograph=False,
                                         jit_compile=jit_compile)
-
-  @property
-  def element_spec(self):
-    return self._element_spec
-
-  @property
-  def stop_flag(self) -> interrupts.StopFlag:
-    return self._stop
 
   def __call__(self, iterator, steps: int, args: Sequence[Any], hold=None):
     self._python_numbers.warn_if_changed(args)
@@ -177,11 +159,6 @@ class CompiledStep:
         [None if spec is None else next(tensors)
          for spec in tf.nest.flatten(output_spec)])
 
-  def _group(self) -> replica_context.ReplicaGroup:
-    return replica_context.ReplicaGroup(self._devices, self._first_replica_id,
-                                        self._num_replicas, keys=self._keys,
-                                        trace=deferred.StepWrites())
-
   def _replica_scope(self, creating: bool):
     summaries = effects.summary_state()
 
@@ -234,34 +211,29 @@ class CompiledStep:
     return _Traced(self._traced_output_spec,
                    effects.draws_from_kernel_state(concrete.graph, initializers))
 
-  def _converted_in_function(self):
-    step_fn = self._step_fn
-
-    def call(*inputs):
-      return tf.__internal__.autograph.tf_convert(
-          step_fn, tf.__internal__.autograph.control_status_ctx())(*inputs)
-    return call
-
   def _trace_step(self, batches, args, gate):
     """Every replica's step; nothing of it that has effects runs before `gate`.
 
     (`gate` is an int64 scalar: `_trace_single`'s raises where the data ran out.)
     """
-    step_fn = self._converted_in_function()
     args = step_args.dereference(args)
     per_replica = [((fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
-    group = self._group()
+    group = replica_context.ReplicaGroup(self._devices, self._first_replica_id,
+                                         self._num_replicas, keys=self._keys,
+                                         trace=deferred.StepWrites())
     with patches.while_tracing():
-      outputs = group.run(step_fn, per_replica, self._replica_scope(creating=self._creating))
+      outputs = group.run(functools.partial(step_args.converted_call, self._step_fn),
+                          per_replica, self._replica_scope(creating=self._creating))
     effects.hold_effects(graph.get_operations()[before:], gate)
     outputs = [step_checks.check_outputs(o, self._step_fn) for o in outputs]
-    self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
+    self._traced_output_spec = tf.nest.map_structure(
+        lambda t: None if t is None else tf.TensorSpec(t.shape, t.dtype), outputs[0])
     leaves = [tf.nest.flatten(o) for o in outputs]
-    step_checks.check_writes(tf.compat.v1.get_default_graph(), len(self._devices),
-                             self._num_replicas, group.trace.library)
+    step_checks.check_writes(graph, len(self._devices), self._num_replicas,
+                             group.trace.library)
     return tuple(step_checks.stack_over_replicas(xs, self._step_fn)
                  for xs in zip(*leaves) if xs[0] is not None)
 
@@ -341,13 +313,13 @@ class CompiledStep:
         if self._keys is not None:
           agreed, status = tf.cond(
               tf.equal(i % interrupts.AGREE_EVERY, 0),
-              lambda: self._fetcher.agree_on_steps(steps, pending, i, self._stop.signal()),
+              lambda: self._fetcher.agree_on_steps(steps, pending, i, self.stop_flag.signal()),
               lambda: (agreed, status))
         return i + 1, agreed, status, outputs
 
       def go_on(i, agreed, unused_status, unused_outputs):  # alone, the flag too
         return i < agreed if self._keys is not None else tf.logical_and(
-            i < agreed, tf.equal(self._stop.signal(), 0))
+            i < agreed, tf.equal(self.stop_flag.signal(), 0))
 
       ready = fetch.status_tensor(fetch.StepStatus.READY)
       first = steps if self._keys is None else tf.constant(1, tf.int64)
@@ -358,14 +330,14 @@ class CompiledStep:
           parallel_iterations=parallel_iterations)
       if self._keys is None:  # READY: every step ran, or the flag stopped it
         status = tf.where(completed < steps,
-                          fetch.interrupted(self._stop.signal(after=[completed])), status)
+                          fetch.interrupted(self.stop_flag.signal(after=[completed])), status)
     else:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
       as_bool = self._fetcher.sizes_to_compare(iterator.element_spec) is None
 
       def fetch_next(**compared):  # on several workers, with this worker's flag
         if self._keys is not None:
-          compared["signum"] = self._stop.signal()
+          compared["signum"] = self.stop_flag.signal()
         return self._fetcher.fetch(iterator, **compared)
 
       def fetch_if_due(i, status):
@@ -373,7 +345,7 @@ class CompiledStep:
         # last fetch's collective said whether one got a signal (LAST plus its
         # number: this step runs, no later one), so that all stop at one step.
         due = i < steps
-        signum = (self._stop.signal() if self._keys is None
+        signum = (self.stop_flag.signal() if self._keys is None
                   else tf.maximum(status - fetch.StepStatus.LAST, 0))
         stopped = (lambda: tf.constant(False)) if as_bool else (lambda: tf.where(
             due, fetch.interrupted(signum), fetch.status_tensor(fetch.StepStatus.DONE)))
@@ -394,6 +366,6 @@ class CompiledStep:
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
                             tf.TensorShape([]), invariants),
           parallel_iterations=parallel_iterations)
-      status = fetch.why_stopped(status, lambda: self._stop.signal(after=[completed]))
+      status = fetch.why_stopped(status, lambda: self.stop_flag.signal(after=[completed]))
     step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
     return completed, outputs, status

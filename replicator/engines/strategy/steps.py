@@ -86,10 +86,9 @@ class StrategyStep:
     return steps, leaves
 
   def _call_step(self, batch, args):
-    converted = tf.__internal__.autograph.tf_convert(
-        self._step_fn, tf.__internal__.autograph.control_status_ctx())
     inputs = (() if batch is None else (batch,)) + tuple(step_args.dereference(args))
-    return step_checks.check_outputs(converted(*inputs), self._step_fn)
+    return step_checks.check_outputs(step_args.converted_call(self._step_fn, *inputs),
+                                     self._step_fn)
 
   def _trace_alone(self, args, creating: bool):
     """step_fn's output structure and leaf specs, from a trace of it alone.
@@ -160,15 +159,13 @@ class StrategyStep:
       raise
 
   def _loop_fn(self, iterator, steps, args, signature):
-    structure, specs = self._traced[signature]
-    del structure
+    _, specs = self._traced[signature]
     kept = [spec for spec in specs if spec is not None]
     # The stand-in traces each replica in a thread of its own, where a
     # tf.function that step_fn calls is traced for each (`patches.nested_functions`:
     # the replica's id is static there); a TPU traces the replicas once.
     replica = collectives.StrategyReplica(self._num_replicas)
     strategy = self._strategy
-
 
     def replica_step(*batch):
       if batch:  # the shapes the dataset promises (tf.distribute may relax them)
