@@ -106,6 +106,15 @@ def check_outputs(outputs, step_fn):
   return tf.nest.map_structure(check, outputs)
 
 
+def with_nones(structure, tensors):
+  """`structure` (step_fn's outputs) with `tensors` in place of its leaves that
+  are not None: a compiled step carries only the tensor leaves, so one that
+  returns nothing (or a nest with None in it) runs as one that returns tensors."""
+  tensors = iter(tensors)
+  return tf.nest.pack_sequence_as(structure, [
+      None if leaf is None else next(tensors) for leaf in tf.nest.flatten(structure)])
+
+
 # the stacking op's name, by which `explained` knows its failure (in the
 # error's message)
 _STACKED_OUTPUTS = "outputs_of_every_replica"

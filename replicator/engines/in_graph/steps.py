@@ -144,20 +144,7 @@ class CompiledStep:
           self.variables_differ = self._new_variables.keep_each_workers()
         elif why is not fetch.StepStatus.STEPS_DIFFER:
           self._new_variables.send()
-    return completed, self._with_nones(tensors), status
-
-  def _with_nones(self, tensors):
-    """step_fn's output structure, from the tensors the compiled step returns.
-
-    The compiled functions carry only the tensor leaves, so a step that returns
-    nothing (or a nest with `None` in it) runs as one that returns tensors.
-    """
-    tensors = iter(tensors)
-    output_spec = self._current.output_spec
-    return tf.nest.pack_sequence_as(
-        output_spec,
-        [None if spec is None else next(tensors)
-         for spec in tf.nest.flatten(output_spec)])
+    return completed, step_checks.with_nones(self._current.output_spec, tensors), status
 
   def _replica_scope(self, creating: bool):
     summaries = effects.summary_state()

@@ -9,11 +9,9 @@ both engines share (`variables.merge_rules`): a float mean (or the variable's
 own `aggregation`), the first replica's value for integers.
 
 Variables that the first trace of a step creates are made in a trace of
-`step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`),
-as `variables.lifting` makes them on both engines: each is created outside
-that trace, under the strategy's scope, and gets the initial value the trace
-computed. TPUStrategy cannot create variables inside its step, which is where
-Sonnet's `TpuReplicator` fails on a lazily built model.
+`step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`):
+TPUStrategy cannot create variables inside its step, which is where Sonnet's
+`TpuReplicator` fails on a lazily built model.
 """
 
 import contextlib
@@ -202,13 +200,6 @@ class VariableCreator:
   def __call__(self, next_creator, **kwargs):
     if getattr(_local, "creating", False):  # scopes nested: make it once
       return next_creator(**kwargs)
-    _local.creating = True
-    try:
-      return self._create(next_creator, **kwargs)
-    finally:
-      _local.creating = False
-
-  def _create(self, next_creator, **kwargs):
     aggregation = kwargs.get("aggregation") or _Aggregation.NONE
     synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
     # The copies stay identical, so the first replica's copy is the value.
@@ -216,14 +207,17 @@ class VariableCreator:
     if kwargs.get("trainable") is None:  # as tf.Variable decides it
       kwargs["trainable"] = synchronization != _ON_READ
     kwargs["aggregation"] = _Aggregation.ONLY_FIRST_REPLICA
-    variable = None
-    if self._lifting is not None and tf.inside_function():
-      variable = self._lifting.create(next_creator, kwargs)
-      if variable is None:  # a checkpoint's deferred value, read where it is made
-        with tf.init_scope():
-          variable = next_creator(**kwargs)
-    if variable is None:
-      variable = next_creator(**kwargs)
+    _local.creating = True
+    try:
+      if self._lifting is not None and tf.inside_function():
+        variable = self._lifting.create(next_creator, kwargs)
+        if variable is None:  # a checkpoint's deferred value, read where it is made
+          with tf.init_scope():
+            variable = next_creator(**kwargs)
+      else:
+        variable = next_creator(**kwargs)
+    finally:
+      _local.creating = False
     self.created.append(variable)
     return _merging(variable, aggregation, synchronization)
 
