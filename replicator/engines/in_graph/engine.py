@@ -52,11 +52,9 @@ class InGraphEngine:
 
   @property
   def created(self):
-    """Every variable made in the scope or in a step, in creation order."""
     return self.factory.created
 
   def scope(self) -> ContextManager:
-    """Within, variables made are replicated (`repl.context()`)."""
     return self.factory.scope()
 
   def iterator(self, dataset: tf.data.Dataset, for_host=None):
@@ -162,7 +160,6 @@ class InGraphEngine:
       raise
 
   def copies(self, variable) -> Sequence[tf.Variable]:
-    """The local copies of `variable` (a variable made in `scope` or a step)."""
     inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
     if isinstance(inner, variables.ReplicatedVariable):
       variable = inner
@@ -173,10 +170,8 @@ class InGraphEngine:
     return tuple(variable.replicas)
 
   def random_generator(self, seed: int) -> generators.ReplicaGenerator:
-    """A generator per local replica, split from `seed` (`ReplicaGenerator`)."""
     return generators.ReplicaGenerator(seed, self._replica_ids, self._num_replicas,
                                        self._placement)
 
   def clear(self):
-    """Drops the compiled steps (the replicator was shut down)."""
     self._steps.clear()

@@ -93,10 +93,8 @@ class StrategyReplica(replica_context.Replica):
     del method, what
     _check_tpu_values(flat, "all_gather")
     parts = [gathering.gather_part(x, axis) for x in flat]
-    if self.alone:
+    if self.alone or self.num_replicas == 1:  # (a concat of one is its identity)
       return [tf.concat([part] * self.num_replicas, axis) for part in parts]
-    if self.num_replicas == 1:
-      return [tf.identity(part) for part in parts]
     return self._gather(parts, axis)
 
   def broadcast(self, flat: List[tf.Tensor], source_replica: int, *,

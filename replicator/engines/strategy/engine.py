@@ -42,7 +42,6 @@ class StrategyEngine:
 
   @property
   def created(self):
-    """Every variable made in the scope or in a step, in creation order."""
     return self._creator.created
 
   @contextlib.contextmanager
@@ -110,7 +109,6 @@ class StrategyEngine:
     return completed, outputs, False
 
   def copies(self, variable) -> Sequence[tf.Variable]:
-    """The local copies of `variable` (a variable this engine made)."""
     inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
     if isinstance(inner, tf.Variable) and hasattr(inner, "values"):
       variable = inner
