@@ -50,16 +50,21 @@ def xla_unsupported(error: Exception, step_fn, compiled_by: str):
 _SHAPE_WORDS = re.compile(r"rank|shape|ndim|dims\b|dimension", re.IGNORECASE)
 
 
-def unbatched_input(error: Exception, step_fn, input_fn, element_spec):
-  """`error` with the hint that `input_fn` may have forgotten `.batch()`, or None.
+def explained(error: Exception, step_fn, input_fn, element_spec):
+  """The error a step's `error` should raise instead, in terms of step_fn and
+  input_fn, or None.
 
+  Outputs whose shapes differ between replicas fail where they are stacked.
   Each replica takes one element a step, of any rank (a per-replica seed or
   index is a scalar), so an element without a batch dimension is no error. A
   step written for a batch fails on a shape when it gets one example instead:
-  there, where the element has a scalar leaf, the error says so. Errors of
-  the library's own (`step_fn: ...`) already say what to do, and keep their
-  words.
+  there, where the element has a scalar leaf, the error adds that `input_fn`
+  may have forgotten `.batch()`. Errors of the library's own (`step_fn: ...`)
+  already say what to do, and keep their words.
   """
+  if (isinstance(error, tf.errors.InvalidArgumentError)
+      and _STACKED_OUTPUTS in str(error)):  # stacking the outputs failed at run time
+    return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
   if element_spec is None or not (isinstance(error, tf.errors.InvalidArgumentError)
                                   or type(error) in (ValueError, TypeError)):
     return None
@@ -81,16 +86,6 @@ def unbatched_input(error: Exception, step_fn, input_fn, element_spec):
   if isinstance(error, tf.errors.OpError):
     return type(error)(error.node_def, error.op, message)
   return type(error)(message)
-
-
-def explained(error: Exception, step_fn, input_fn, element_spec):
-  """The error a step's `error` should raise instead, in terms of step_fn and
-  input_fn (outputs whose shapes differ between replicas, an input without a
-  batch dimension), or None."""
-  if (isinstance(error, tf.errors.InvalidArgumentError)
-      and _STACKED_OUTPUTS in str(error)):  # stacking the outputs failed at run time
-    return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
-  return unbatched_input(error, step_fn, input_fn, element_spec)
 
 
 def check_outputs(outputs, step_fn):
