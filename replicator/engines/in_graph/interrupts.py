@@ -29,7 +29,6 @@ import os
 import signal
 import socket
 import threading
-from typing import Optional
 
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
@@ -123,22 +122,6 @@ def _forget_watcher():
 
 
 os.register_at_fork(after_in_child=_forget_watcher)
-
-
-def call(function, hold: Optional["Hold"], traced, args: tuple):
-  """`function(*args)` (a `tf.function`), with `hold` started once it is traced.
-
-  A signal while it is traced (seconds, for a large step) raises at once: no
-  step has run. `traced.loop_traced` says whether it was traced for these
-  `args` before: looking the trace up on every call would cost a good part of
-  a small step.
-  """
-  if hold is not None:
-    if not traced.loop_traced:
-      function.get_concrete_function(*args)
-      traced.loop_traced = True
-    hold.start()
-  return function(*args)
 
 
 class Hold:
