@@ -1,8 +1,4 @@
-"""`ReplicaGenerator`: a `tf.random.Generator` per replica, split from one seed.
-
-What `Replicator.random_generator` gives on the in-graph engine (the strategy
-engine's generator is `tf.distribute`'s own).
-"""
+"""`ReplicaGenerator`: what `Replicator.random_generator` gives on the in-graph engine."""
 
 import logging
 from typing import Sequence
@@ -31,8 +27,6 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
 
   def __init__(self, seed: int, replica_ids: Sequence[int], num_replicas: int,
                devices: Sequence[str]):
-    if not isinstance(seed, int):
-      raise TypeError(f"seed: expected an int, got {seed!r}.")
     self._replica_ids = tuple(replica_ids)
     self._num_replicas = num_replicas
     with registry.replica_local():
@@ -42,9 +36,8 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
       self._generators = []
       for replica_id, device in zip(replica_ids, devices):
         with tf.device(device):
-          self._generators.append(
-              tf.random.Generator.from_state(splits[replica_id].state.numpy(),
-                                             splits[replica_id].algorithm))
+          self._generators.append(tf.random.Generator.from_state(
+              self._initial_states[replica_id], root.algorithm))
 
   def _current(self) -> tf.random.Generator:
     replica = replica_context.current()
