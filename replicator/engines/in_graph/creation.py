@@ -62,10 +62,8 @@ class VariableFactory:
       self._pending.append(variable)
     return variable
 
-  @contextlib.contextmanager
   def scope(self):
-    with tf.variable_creator_scope(self._create):
-      yield
+    return tf.variable_creator_scope(self._create)
 
   # The `lifting.VariableMaker` of this engine: a replicated variable's first copy.
   def make(self, next_creator, kwargs, shape, value) -> tf.Variable:

@@ -1,11 +1,6 @@
-"""What in a traced step has effects, and the gate that holds them.
-
-A step that runs only if its batches arrived (`CompiledStep._trace_single`)
-is called after a gate that raises `OutOfRangeError` when they did not; every
-op of the step with effects waits for the gate, reads and arithmetic may
-start earlier. Stateful random ops keep their state in their kernels, so a
-step that has them always runs in the loop (one stream per compiled step).
-Summaries are effects too: only the job's replica 0 records them.
+"""What in a traced step has effects, and the gate that holds them until the
+step's batches arrived (`CompiledStep._trace_single`); reads and arithmetic may
+start earlier. Summaries are effects too: only the job's replica 0 records them.
 """
 
 import contextlib

@@ -114,13 +114,11 @@ class InGraphEngine:
                    count):
     """`compiled`'s `(completed, outputs, status)` for `steps` steps, counted.
 
-    SIGINT and SIGTERM end a call of several steps between two steps
-    (`engines.in_graph.interrupts`; on several workers, every worker's at the same step,
-    and every worker handles the signal), and their handlers run once its
-    steps are counted. Where none raises (a handler that only takes note), the
-    remaining steps run in a further call, as Python retries a system call that
-    a signal interrupted (PEP 475). `outputs` are those of the last step that
-    ran (None if none did).
+    A signal ends a call of several steps between two steps (`interrupts`),
+    and its handlers run once the steps are counted. Where none raises (a
+    handler that only takes note), the remaining steps run in a further call,
+    as Python retries a system call that a signal interrupted (PEP 475).
+    `outputs` are those of the last step that ran (None if none did).
     """
     completed, outputs = 0, None
     while True:

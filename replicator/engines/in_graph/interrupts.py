@@ -63,11 +63,8 @@ class StopFlag:
     with tf.control_dependencies(after):
       return tf.raw_ops.ReadVariableOp(resource=self._variable.handle, dtype=tf.int64)
 
-  def stop(self, signum: int):
+  def set(self, signum: int):
     self._variable.assign(signum)
-
-  def reset(self):
-    self._variable.assign(0)
 
 
 class _Watcher:
@@ -109,7 +106,7 @@ class _Watcher:
             pass
         held = [number for number in numbers if number in INTERRUPTING]
         if self._flag is not None and not self.stopped and held:
-          self._flag.stop(held[0])
+          self._flag.set(held[0])
           self.stopped = True
 
 
@@ -175,7 +172,7 @@ class Hold:
       if self._previous_fd is not None:
         signal.set_wakeup_fd(self._previous_fd)
       if _watcher is not None and _watcher.disarm():
-        self._flag.reset()
+        self._flag.set(0)
       self._released = True
       for s, handler in self._handlers.items():
         signal.signal(s, handler)

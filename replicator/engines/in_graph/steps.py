@@ -93,13 +93,11 @@ class CompiledStep:
     if new and self._keys is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
                                        self._no_pending)
-      # Only after the check (one worker has nothing to send), with those
-      # made in repl.context() since the last run: the chief's
-      # initial values travel in collectives whose keys follow the step's,
-      # which workers that traced other programs do not share until the check
-      # has realigned them (else both wait forever). Variables that differ
-      # between workers are never sent: there would be a collective too many
-      # or of another shape.
+      # The chief's initial values (of those made in repl.context() since the
+      # last run too) travel after the check, in collectives whose keys follow
+      # the step's, which workers that traced other programs share only once
+      # the check has realigned them; never where the variables differ (there
+      # would be a collective too many, or of another shape).
       try:
         step_checks.check_same_program(self._step_fn, self._keys, self._devices[0],
                                        issued, self._new_variables.pending())
@@ -116,15 +114,14 @@ class CompiledStep:
       # the call, only where every worker made the same (else the workers
       # that made none would never join the collectives that send them).
       pending = self._new_variables.digest()
-    # The common case, without the loop's per-call overhead (a large part of a
-    # small model's step): one step where running out of data is
-    # the one way to stop. A step that draws random numbers always runs in
-    # the loop, so one stream advances whatever `steps` each call asks for.
-    # So does every step on several workers: the loop checks that every
-    # worker asked for the same `steps` (two compiled functions' collectives
-    # have different keys, and a loop's are told apart by iteration, so
-    # workers running different numbers of steps would wait for each other
-    # forever), and every step whose batch sizes are compared at run time.
+    # The common case without the loop's per-call overhead (a large part of a
+    # small model's step): one step where running out of data is the one way to
+    # stop. A step that draws random numbers runs in the loop, so that one stream
+    # advances whatever `steps` each call asks for; so does every step on several
+    # workers (the loop checks that they asked for the same `steps`: compiled
+    # functions' collectives have different keys, so workers running different
+    # numbers of steps would wait for each other forever), and every step whose
+    # batch sizes are compared at run time.
     if (steps == 1 and not self._current.draws_random and self._keys is None
         and (iterator is None
              or self._fetcher.sizes_to_compare(iterator.element_spec) is None)):
@@ -159,20 +156,16 @@ class CompiledStep:
     @contextlib.contextmanager
     def scope(r):
       # Replica 0's too: Grappler rewrites by name; replicas named alike round alike.
-      names = tf.name_scope(f"replica_{r}")
-      with tf.device(self._devices[r]), names, \
+      with tf.device(self._devices[r]), tf.name_scope(f"replica_{r}"), \
           effects.summaries(summaries, records=self._first_replica_id + r == 0):
         if creating and r == 0:  # the first replica makes the variables for all
           with self._factory.scope():
             yield
-        elif creating:
-          with lifting.no_creation(functools.partial(
-              step_checks.created_on_another_replica, self._first_replica_id + r,
-              self._first_replica_id)):
-            yield
         else:
-          with lifting.no_creation(
-              lifting.created_where("after its first run")):
+          explain = (functools.partial(step_checks.created_on_another_replica,
+                                       self._first_replica_id + r, self._first_replica_id)
+                     if creating else lifting.created_where("after its first run"))
+          with lifting.no_creation(explain):
             yield
     return scope
 
@@ -234,34 +227,18 @@ class CompiledStep:
   def _initial_outputs(self):
     n = len(self._devices)
 
-    def zeros(spec):
-      if spec.shape.rank is None:  # any shape will do (tf.py_function's outputs)
-        return tf.zeros([n], spec.dtype)
-      shape = [n] + [d if d is not None else 0 for d in spec.shape.as_list()]
-      return tf.zeros(shape, spec.dtype)
+    def zeros(spec):  # of any shape where the rank is unknown (tf.py_function's outputs)
+      dims = [] if spec.shape.rank is None else spec.shape.as_list()
+      return tf.zeros([n] + [d or 0 for d in dims], spec.dtype)
     return tuple(zeros(spec) for spec in self._current.tensor_specs)
 
-  def _invariants(self):
-    """The outputs' shapes through the loop: their rank, no dims.
-
-    The output specs are replica 0's; another replica's may have other static
-    sizes (rows picked by `replica_id`).
-    """
-    n = len(self._devices)
-    return tuple(tf.TensorShape([n]).concatenate(
-        tf.TensorShape(None if spec.shape.rank is None else [None] * spec.shape.rank))
-                 for spec in self._current.tensor_specs)
-
   def _trace_single(self, iterator, args):
-    """One step, run only if every replica got its batch.
-
-    The step is called after a gate that raises `OutOfRangeError` (caught in
-    `__call__`) when the data ran out, and its ops with effects wait for the
-    gate (`effects.hold_effects`): the step's variables need no `Switch` each,
-    as they do inside a `tf.cond`, so Grappler has fewer nodes to optimize and
-    the first step comes sooner. An OutOfRange is the error TensorFlow logs
-    least (on several devices, INFO lines of cancelled receives), and an
-    empty iterator's `get_next` the cheapest op that raises it.
+    """One step, run only if every replica got its batch: after a gate that
+    raises `OutOfRangeError` (caught in `__call__`) where the data ran out, and
+    that its ops with effects wait for (`effects.hold_effects`). Unlike in a
+    `tf.cond`, its variables need no `Switch` each, so Grappler has fewer nodes
+    to optimize and the first step comes sooner; and an OutOfRange is the error
+    TensorFlow logs least (on several devices, INFO lines of cancelled receives).
     """
     n = len(self._devices)
     if iterator is None:
@@ -290,7 +267,12 @@ class CompiledStep:
     """
     n = len(self._devices)
     zero = tf.constant(0, tf.int64)
-    invariants = self._invariants()
+    # The outputs' shapes through the loop: their rank, no dims (the specs are
+    # replica 0's; another replica's may have other static sizes, rows picked
+    # by `replica_id`).
+    invariants = tuple(tf.TensorShape([n]).concatenate(
+        tf.TensorShape(None if spec.shape.rank is None else [None] * spec.shape.rank))
+                       for spec in self._current.tensor_specs)
     # A random op's state is in its kernel, not in a variable, so nothing
     # orders its draws: iterations running side by side could draw in either
     # order, and the step would return another step's numbers.

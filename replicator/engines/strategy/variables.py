@@ -67,9 +67,7 @@ class _MergedWrites:
     # alone, a packed copy is not what a GradientTape watches, so no gradient
     # would reach the variable: there each copy is read as itself.
     replica = replica_context.current()
-    if replica is not None and replica.alone:
-      return False
-    return super()._use_packed_variable()
+    return (replica is None or not replica.alone) and super()._use_packed_variable()
 
   # As a tf.Variable outside a step: the value (the first replica's copy).
   def __int__(self):
