@@ -119,14 +119,29 @@ class InGraphEngine:
     handler that only takes note), the remaining steps run in a further call,
     as Python retries a system call that a signal interrupted (PEP 475).
     `outputs` are those of the last step that ran (None if none did).
+    TensorFlow's errors are explained in terms of step_fn.
     """
     completed, outputs = 0, None
     while True:
       hold = interrupts.Hold(compiled.stop_flag) if steps - completed > 1 else None
       signum = 0  # the signal that stopped the call, on this worker or another
       try:
-        ran, last, status = self._call(compiled, step_fn, input_fn, iterator,
-                                       steps - completed, args, hold)
+        ran, last, status = compiled(iterator, steps - completed, args, hold)
+      except step_checks.ProgramsDiffer:
+        del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
+        raise
+      except (tf.errors.OpError, ValueError, TypeError) as error:  # (a trace's too)
+        op_error = isinstance(error, tf.errors.OpError)
+        clearer = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
+                   if op_error and self._jit_compile else None)
+        if clearer is None:
+          clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
+        if clearer is not None:
+          raise clearer from error
+        if op_error and self._peers is not None:
+          self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
+        raise
+      else:
         ran = int(ran)
         count(ran)
         why, signal = fetch.decode(int(status))
@@ -137,25 +152,6 @@ class InGraphEngine:
       completed, outputs = completed + ran, last if ran else outputs
       if not signum or completed == steps:
         return completed, outputs, status
-
-  def _call(self, compiled, step_fn, input_fn, iterator, steps: int, args, hold):
-    """One call of `compiled`, its TensorFlow errors explained."""
-    try:
-      return compiled(iterator, steps, args, hold)
-    except step_checks.ProgramsDiffer:
-      del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
-      raise
-    except (tf.errors.OpError, ValueError, TypeError) as error:  # (a trace's too)
-      op_error = isinstance(error, tf.errors.OpError)
-      clearer = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
-                 if op_error and self._jit_compile else None)
-      if clearer is None:
-        clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
-      if clearer is not None:
-        raise clearer from error
-      if op_error and self._peers is not None:
-        self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
-      raise
 
   def copies(self, variable) -> Sequence[tf.Variable]:
     inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours

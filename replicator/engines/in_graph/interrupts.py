@@ -178,19 +178,13 @@ class Hold:
         signal.signal(s, handler)
     if also and also not in self._caught and signal.getsignal(also) != signal.SIG_IGN:
       self._caught.append(also)
-    _raise_again(self._caught)
-
-
-def _raise_again(signums):
-  """Each of `signums` delivered again, to the handlers now in place.
-
-  Where a handler raises, the later signals are sent to the main thread, whose
-  handlers then run as Python runs several pending ones.
-  """
-  for index, signum in enumerate(signums):
-    try:
-      signal.raise_signal(signum)
-    except BaseException:
-      for later in signums[index + 1:]:
-        signal.pthread_kill(threading.main_thread().ident, later)
-      raise
+    # Each delivered again, to the handlers now in place. Where one raises, the
+    # later signals are sent to the main thread, whose handlers then run as
+    # Python runs several pending ones.
+    for index, signum in enumerate(self._caught):
+      try:
+        signal.raise_signal(signum)
+      except BaseException:
+        for later in self._caught[index + 1:]:
+          signal.pthread_kill(threading.main_thread().ident, later)
+        raise

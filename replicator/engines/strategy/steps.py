@@ -26,20 +26,9 @@ from replicator.engines.strategy import collectives
 
 
 class StrategyStep:
-  """`step_fn` with one input, compiled for a `tf.distribute` strategy.
-
-  Args:
-    step_fn: the user's step.
-    element_spec: one replica's batch (None without input).
-    strategy: the strategy that runs it.
-    creator: the engine's `VariableCreator`.
-    stand_in: the strategy stands in for a TPU's: compile step_fn with XLA
-      before its first run, as a TPU does, and trace the tf.functions it
-      calls inline in each replica's trace.
-    trace_only: trace the call (its loop, `strategy.run` and all they hold)
-      but do not run it: the outputs are zeros of the traced shapes and
-      every call completes its `steps`.
-  """
+  """`step_fn` with one input (`element_spec`: one replica's batch, None without
+  input), compiled for `strategy`, its variables made by `creator` (the engine's
+  `VariableCreator`); `stand_in` and `trace_only` as `StrategyEngine` takes them."""
 
   def __init__(self, step_fn: Callable, element_spec, strategy, creator,
                stand_in: bool, trace_only: bool = False):
@@ -185,10 +174,9 @@ class StrategyStep:
       return tf.cond(batch.has_value(), lambda: run_step(batch.get_value()),
                      lambda: (-completed - 1, last))
 
-    # One iteration at a time: a stateful random op keeps its state in its
-    # kernel, so nothing orders the draws of iterations run side by side, and
-    # a step would return another step's numbers. (A TPU's XLA loop runs its
-    # iterations in order whatever this says.)
+    # One iteration at a time: nothing orders the draws of stateful random ops
+    # (their state is in their kernels) of iterations run side by side. (A TPU's
+    # XLA loop runs its iterations in order whatever this says.)
     completed, last = tf.while_loop(
         lambda completed, _: tf.logical_and(completed >= 0, completed < steps), body,
         (tf.constant(0, tf.int64), initial),

@@ -165,21 +165,7 @@ def _scatter(method: str):
 for _method in merge_rules.SCATTERS:
   setattr(_MergedWrites, _method, _scatter(_method))
 
-_classes = {}
-
-
-def _merging(variable, aggregation, synchronization):
-  """Makes `variable` (a `tf.distribute` variable) merge its writes."""
-  cls = type(variable)
-  if cls not in _classes:
-    _classes[cls] = type(cls.__name__, (_MergedWrites, cls), {})
-  variable.__class__ = _classes[cls]
-  for index, copy in enumerate(variable.values):  # (patches.nested_functions)
-    registry.register_copy(copy, index, variable)
-  variable._replicator_aggregation = aggregation  # pylint: disable=protected-access
-  variable._replicator_rule = merge_rules.Rule.of(  # pylint: disable=protected-access
-      aggregation, variable.dtype, synchronization)
-  return variable
+_classes = {}  # a tf.distribute variable class -> the class that merges its writes
 
 
 class VariableCreator:
@@ -217,7 +203,16 @@ class VariableCreator:
     finally:
       _local.creating = False
     self.created.append(variable)
-    return _merging(variable, aggregation, synchronization)
+    cls = type(variable)
+    if cls not in _classes:
+      _classes[cls] = type(cls.__name__, (_MergedWrites, cls), {})
+    variable.__class__ = _classes[cls]
+    for index, copy in enumerate(variable.values):  # (patches.nested_functions)
+      registry.register_copy(copy, index, variable)
+    variable._replicator_aggregation = aggregation  # pylint: disable=protected-access
+    variable._replicator_rule = merge_rules.Rule.of(  # pylint: disable=protected-access
+        aggregation, variable.dtype, synchronization)
+    return variable
 
   def make(self, next_creator, kwargs, shape, value) -> tf.Variable:
     with tf.init_scope():
