@@ -31,15 +31,14 @@ def xla_unsupported(error: Exception, step_fn, compiled_by: str):
   ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
   if not ops:
     return None
-  name = errors.name_of(step_fn)
   if _PRINT_OPS.intersection(ops):
     fix = ("tf.print cannot run inside the compiled step: return the values "
            "from step_fn and print what run returns (one row per replica)")
   else:
     fix = ("move that computation out of the step: into input_fn "
            "(dataset.map) or after run, on what run returns")
-  message = (f"step_fn: {name} uses {', '.join(ops)}, which XLA cannot compile; "
-             f"{compiled_by}. Fix: {fix}.")
+  message = (f"step_fn: {errors.name_of(step_fn)} uses {', '.join(ops)}, which XLA "
+             f"cannot compile; {compiled_by}. Fix: {fix}.")
   if isinstance(error, tf.errors.OpError):
     return type(error)(error.node_def, error.op, message)
   # The strategy engine's check compiles to HLO, which reports a ValueError.
@@ -172,10 +171,8 @@ def created_on_another_replica(replica: int, first: int, what: str) -> str:
 
 
 class ProgramsDiffer(ValueError):
-  """Workers traced different collectives for one step: it must not run.
-
-  `variables_differ`: the workers made different variables in it.
-  """
+  """Workers traced different collectives for one step (`variables_differ`: made
+  different variables in it): it must not run."""
 
   def __init__(self, message: str, variables_differ: bool = False):
     super().__init__(message)

@@ -114,11 +114,8 @@ class VariableFactory:
           variable._materialize()  # pylint: disable=protected-access
 
   def _fill_copies(self):
-    """Gives the copies made in a trace their variable's initial value.
-
-    Copies that something initialized meanwhile (a checkpoint's deferred
-    restore writes every copy) keep theirs.
-    """
+    """Gives the copies made in a trace their variable's initial value, unless
+    something initialized them meanwhile (a checkpoint's deferred restore)."""
     made, self._to_fill = self._to_fill, []
     with tf.init_scope():
       for variable in made:

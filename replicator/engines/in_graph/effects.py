@@ -25,12 +25,9 @@ def draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
   nodes = [node for node in graph_def.node if node.name not in initializers]
   for function in graph_def.library.function:
     nodes.extend(function.node_def)
-  for op_type in {node.op for node in nodes}:
-    op_def = op_def_registry.get(op_type)
-    if op_def is not None and op_def.is_stateful and any(
-        attr.name == "seed2" for attr in op_def.attr):
-      return True
-  return False
+  return any(op_def is not None and op_def.is_stateful
+             and any(attr.name == "seed2" for attr in op_def.attr)
+             for op_def in map(op_def_registry.get, {node.op for node in nodes}))
 
 
 # The gate's op (`Gate`): an OutOfRangeError whose message names it means the

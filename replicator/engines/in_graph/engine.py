@@ -58,19 +58,14 @@ class InGraphEngine:
     return self.factory.scope()
 
   def iterator(self, dataset: tf.data.Dataset, for_host=None):
-    """An iterator of `dataset`'s batches, one per local replica a step
-    (each worker is a process of its own: `for_host` is not needed)."""
-    del for_host
+    del for_host  # each worker is a process of its own
     return iter(dataset)
 
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
           element_spec, steps: int, args: Sequence[Any], *,
           count: Callable[[int], None], uneven_batches: bool):
-    """`(steps completed, outputs of the last, whether batches were uneven)`.
-
-    `count(ran)` is called as steps complete, before the handlers of a signal
-    that ended the call run (`engines.in_graph.interrupts`).
-    """
+    """As `Engine.run`; `count(ran)` is called before the handlers of a signal
+    that ended the call run (`interrupts`)."""
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       compiled = steps_lib.CompiledStep(

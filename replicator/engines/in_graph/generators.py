@@ -39,14 +39,11 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
           self._generators.append(tf.random.Generator.from_state(
               self._initial_states[replica_id], root.algorithm))
 
-  def _current(self) -> tf.random.Generator:
-    replica = replica_context.current()
-    return self._generators[replica.index if replica else 0]
-
   def __getattr__(self, name):
     if name.startswith("_"):
       raise AttributeError(name)
-    return getattr(self._current(), name)
+    replica = replica_context.current()
+    return getattr(self._generators[replica.index if replica else 0], name)
 
   def _serialize_to_tensors(self):
     with tf.device("/device:CPU:0"):
@@ -54,9 +51,8 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
               "num_replicas": tf.constant(self._num_replicas, tf.int64)}
 
   def _restore_from_tensors(self, restored_tensors):
-    saved = restored_tensors["states"].numpy()
-    saved_replicas = int(restored_tensors["num_replicas"])
-    states = self._resumed_states(saved, saved_replicas)
+    states = self._resumed_states(restored_tensors["states"].numpy(),
+                                  int(restored_tensors["num_replicas"]))
     for generator, state in zip(self._generators, states):
       generator.reset(state)
 

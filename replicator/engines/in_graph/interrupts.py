@@ -13,12 +13,9 @@ its steps are counted, `Hold.release` raises each held signal again, so the
 process's own handler runs as it would have (`KeyboardInterrupt` for Ctrl-C by
 default, a preemption handler's flag or exit for SIGTERM).
 
-On several workers every worker must stop at the same step, or the others
-would wait at the next step's collectives: with input, each step's fetch
-already meets the other workers in a collective, which also takes the
-workers' flags (`fetch.StepStatus.LAST`); without input the workers compare
-their flags every `AGREE_EVERY` steps. Each worker then handles the signal as
-if it had got it, so that all leave `run` alike.
+On several workers every worker stops at the same step (else the others would
+wait at the next step's collectives; `CompiledStep._trace_loop` says how), and
+each handles the signal as if it had got it, so that all leave `run` alike.
 
 A signal whose disposition is not a Python function is not held: with its
 default action SIGTERM still ends the process at once, and an ignored one

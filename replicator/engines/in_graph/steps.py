@@ -218,11 +218,10 @@ class CompiledStep:
     outputs = [step_checks.check_outputs(o, self._step_fn) for o in outputs]
     self._traced_output_spec = tf.nest.map_structure(
         lambda t: None if t is None else tf.TensorSpec(t.shape, t.dtype), outputs[0])
-    leaves = [tf.nest.flatten(o) for o in outputs]
     step_checks.check_writes(graph, len(self._devices), self._num_replicas,
                              group.trace.library)
     return tuple(step_checks.stack_over_replicas(xs, self._step_fn)
-                 for xs in zip(*leaves) if xs[0] is not None)
+                 for xs in zip(*map(tf.nest.flatten, outputs)) if xs[0] is not None)
 
   def _initial_outputs(self):
     n = len(self._devices)

@@ -5,10 +5,8 @@ sum); a gather is each replica's words at its place among zeros, summed;
 maxima and minima reduce a gather; a broadcast is the sum of the source's
 words and zeros. Dtypes that a TPU's sum does not take travel as
 `collectives.wire` encodes them, on the stand-in too, so the suite runs what a
-TPU traces. Their gradients are the in-graph engine's: of a sum over replicas,
-the sum of the upstream gradients (TensorFlow's); of a gather, this replica's
-rows of that sum; of a broadcast, that sum at the source only (written here,
-since words carry no gradient).
+TPU traces. Their gradients are the in-graph engine's (written here where the
+words carry none).
 """
 
 from typing import Callable, List, Optional
@@ -183,17 +181,12 @@ def _sums(group, tf_op):
 def _without_complex(flat, reduce):
   """`reduce(flat)`, complex tensors reduced as their real and imaginary parts
   (tf.distribute's collectives take real numbers)."""
-  parts, kinds = [], []
+  parts = []
   for x in flat:
-    if x.dtype.is_complex:
-      parts += [tf.math.real(x), tf.math.imag(x)]
-      kinds.append(True)
-    else:
-      parts.append(x)
-      kinds.append(False)
+    parts += [tf.math.real(x), tf.math.imag(x)] if x.dtype.is_complex else [x]
   reduced = iter(reduce(parts))
-  return [tf.complex(next(reduced), next(reduced)) if complex_ else next(reduced)
-          for complex_ in kinds]
+  return [tf.complex(next(reduced), next(reduced)) if x.dtype.is_complex else next(reduced)
+          for x in flat]
 
 
 def _by_dtype(flat, reduce):

@@ -50,16 +50,15 @@ class StrategyStep:
     if signature not in self._traced:
       self._traced[signature] = self._trace_alone(args, creating=not self._traced)
     structure, specs = self._traced[signature]
+    loop_args = (iterator, tf.constant(steps, tf.int64), args, signature)
     if self._trace_only:  # the loop traced, and zeros of the shapes the step returns
-      self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
-                                       signature)
+      self._loop.get_concrete_function(*loop_args)
       completed = steps
       leaves = [tuple(tf.zeros([1 if d is None else d for d in spec.shape.as_list()],
                                spec.dtype) for _ in range(self._num_local))
                 for spec in specs]
     else:
-      completed, leaves = self._loop(iterator, tf.constant(steps, tf.int64), args,
-                                     signature)
+      completed, leaves = self._loop(*loop_args)
     return int(completed), step_checks.with_nones(structure, (
         step_checks.stack_over_replicas(list(per_replica), self._step_fn)
         for per_replica in leaves))

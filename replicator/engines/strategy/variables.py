@@ -5,8 +5,7 @@ copy), as Sonnet's own `TpuReplicator` makes them, so that each replica
 applies the optimizer's update to its own copy once the gradients are
 averaged: no all-reduce per write. Any other write inside a step (a moving
 average, a counter) is merged over the replicas at the write, by the rules
-both engines share (`variables.merge_rules`): a float mean (or the variable's
-own `aggregation`), the first replica's value for integers.
+both engines share (`variables.merge_rules`).
 
 Variables that the first trace of a step creates are made in a trace of
 `step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`):
