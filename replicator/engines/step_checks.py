@@ -149,10 +149,8 @@ def data_dependent_initializer(error, step_fn) -> ValueError:
 
 
 def created_on_another_replica(replica: int, first: int, what: str) -> str:
-  """The error for `what`, made by replica `replica` in the first trace.
-
-  Replica `first` (this worker's first) makes every variable in that trace.
-  """
+  """The error for `what`, made by replica `replica` in the first trace, where
+  replica `first` (this worker's first) makes every variable."""
   collective = replica_context.current().group.last_collective
   causes = ("step_fn branches on the replica id around it"
             if collective is None else

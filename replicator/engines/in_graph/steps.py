@@ -199,10 +199,8 @@ class CompiledStep:
                    effects.draws_from_kernel_state(concrete.graph, initializers))
 
   def _trace_step(self, batches, args, gate):
-    """Every replica's step; nothing of it that has effects runs before `gate`.
-
-    (`gate` is an int64 scalar: `_trace_single`'s raises where the data ran out.)
-    """
+    """Every replica's step; nothing of it that has effects runs before `gate`
+    (an int64 scalar: `_trace_single`'s raises where the data ran out)."""
     args = step_args.dereference(args)
     per_replica = [((fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]

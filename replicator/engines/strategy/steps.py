@@ -69,11 +69,8 @@ class StrategyStep:
                                      self._step_fn)
 
   def _trace_alone(self, args, creating: bool):
-    """step_fn's outputs and their tensor leaves' specs, from a trace of it alone.
-
-    Variables it makes are made here (the first trace only); on a stand-in,
-    step_fn is compiled with XLA too.
-    """
+    """step_fn's outputs and their tensor leaves' specs, from a trace of it alone
+    that makes its variables (the first only); on a stand-in, compiled with XLA."""
     graph = func_graph_lib.FuncGraph(f"{errors.name_of(self._step_fn)}_alone")
     made_here = self._creator.lifting() if creating else contextlib.nullcontext()
     no_creation = (contextlib.nullcontext() if creating else lifting.no_creation(
