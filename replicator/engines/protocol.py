@@ -1,10 +1,5 @@
-"""`Engine`: what `base.Replicator` runs its steps on.
-
-Two engines implement it (`engines.in_graph.engine.InGraphEngine` and
-`engines.strategy.engine.StrategyEngine`); `Replicator` holds one and calls
-nothing else of it, so a replicator's semantics (inputs, checkpoints, errors,
-counters) are written once, above the engines.
-"""
+"""`Engine`: all that `base.Replicator` calls of the engine it holds, so that a
+replicator's semantics (inputs, checkpoints, errors, counters) are written once."""
 
 from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, Sequence, Tuple
 

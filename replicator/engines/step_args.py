@@ -44,6 +44,12 @@ def dereference(args):
       lambda leaf: leaf.variable if isinstance(leaf, _ByReference) else leaf, args)
 
 
+def converted_call(step_fn, *inputs):
+  """`step_fn(*inputs)`, converted by AutoGraph as the trace that calls it is."""
+  return tf.__internal__.autograph.tf_convert(
+      step_fn, tf.__internal__.autograph.control_status_ctx())(*inputs)
+
+
 def signature(args):
   """What decides step_fn's outputs: the nest, tensor types, other values."""
   def leaf_key(leaf):

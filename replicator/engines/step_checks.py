@@ -26,23 +26,19 @@ _PRINT_OPS = frozenset({"PrintV2", "Print", "StringFormat"})
 
 
 def xla_unsupported(error: Exception, step_fn, compiled_by: str):
-  """A clear error for ops XLA cannot compile, or None for other errors.
-
-  TensorFlow's message names the op type deep inside a graph dump; this one
-  names step_fn, the ops and what to do instead.
-  """
+  """The error for ops XLA cannot compile, naming step_fn, the ops and what to
+  do instead; None for other errors."""
   ops = sorted(set(_XLA_MISSING_KERNEL.findall(str(error))))
   if not ops:
     return None
-  name = errors.name_of(step_fn)
   if _PRINT_OPS.intersection(ops):
     fix = ("tf.print cannot run inside the compiled step: return the values "
            "from step_fn and print what run returns (one row per replica)")
   else:
     fix = ("move that computation out of the step: into input_fn "
            "(dataset.map) or after run, on what run returns")
-  message = (f"step_fn: {name} uses {', '.join(ops)}, which XLA cannot compile; "
-             f"{compiled_by}. Fix: {fix}.")
+  message = (f"step_fn: {errors.name_of(step_fn)} uses {', '.join(ops)}, which XLA "
+             f"cannot compile; {compiled_by}. Fix: {fix}.")
   if isinstance(error, tf.errors.OpError):
     return type(error)(error.node_def, error.op, message)
   # The strategy engine's check compiles to HLO, which reports a ValueError.
@@ -53,16 +49,21 @@ def xla_unsupported(error: Exception, step_fn, compiled_by: str):
 _SHAPE_WORDS = re.compile(r"rank|shape|ndim|dims\b|dimension", re.IGNORECASE)
 
 
-def unbatched_input(error: Exception, step_fn, input_fn, element_spec):
-  """`error` with the hint that `input_fn` may have forgotten `.batch()`, or None.
+def explained(error: Exception, step_fn, input_fn, element_spec):
+  """The error a step's `error` should raise instead, in terms of step_fn and
+  input_fn, or None.
 
+  Outputs whose shapes differ between replicas fail where they are stacked.
   Each replica takes one element a step, of any rank (a per-replica seed or
   index is a scalar), so an element without a batch dimension is no error. A
   step written for a batch fails on a shape when it gets one example instead:
-  there, where the element has a scalar leaf, the error says so. Errors of
-  the library's own (`step_fn: ...`) already say what to do, and keep their
-  words.
+  there, where the element has a scalar leaf, the error adds that `input_fn`
+  may have forgotten `.batch()`. Errors of the library's own (`step_fn: ...`)
+  already say what to do, and keep their words.
   """
+  if (isinstance(error, tf.errors.InvalidArgumentError)
+      and _STACKED_OUTPUTS in str(error)):  # stacking the outputs failed at run time
+    return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
   if element_spec is None or not (isinstance(error, tf.errors.InvalidArgumentError)
                                   or type(error) in (ValueError, TypeError)):
     return None
@@ -86,17 +87,6 @@ def unbatched_input(error: Exception, step_fn, input_fn, element_spec):
   return type(error)(message)
 
 
-def explained(error: Exception, step_fn, input_fn, element_spec):
-  """The error a step's `error` should raise instead, in terms of step_fn and
-  input_fn (outputs whose shapes differ between replicas, an input without a
-  batch dimension), or None."""
-  if isinstance(error, tf.errors.OpError):
-    shapes = output_shape_error(error, step_fn)
-    if shapes is not None:
-      return shapes
-  return unbatched_input(error, step_fn, input_fn, element_spec)
-
-
 def check_outputs(outputs, step_fn):
   def check(leaf):
     if leaf is None or isinstance(leaf, tf.Tensor):
@@ -110,8 +100,17 @@ def check_outputs(outputs, step_fn):
   return tf.nest.map_structure(check, outputs)
 
 
-# the stacking op's name, by which `output_shape_error` knows its failure (in
-# the error's message)
+def with_nones(structure, tensors):
+  """`structure` (step_fn's outputs) with `tensors` in place of its leaves that
+  are not None: a compiled step carries only the tensor leaves, so one that
+  returns nothing (or a nest with None in it) runs as one that returns tensors."""
+  tensors = iter(tensors)
+  return tf.nest.pack_sequence_as(structure, [
+      None if leaf is None else next(tensors) for leaf in tf.nest.flatten(structure)])
+
+
+# the stacking op's name, by which `explained` knows its failure (in the
+# error's message)
 _STACKED_OUTPUTS = "outputs_of_every_replica"
 
 
@@ -124,14 +123,6 @@ def different_output_shapes(step_fn, shapes=None) -> str:
       "output over the replicas, so it must have one shape on all of them. "
       "Reduce it inside the step (repl.all_sum, a mean), or pad it to a fixed "
       "size and return a mask with it.")
-
-
-def output_shape_error(error: tf.errors.OpError, step_fn):
-  """A clear error when stacking the replicas' outputs failed at run time."""
-  if (not isinstance(error, tf.errors.InvalidArgumentError)
-      or _STACKED_OUTPUTS not in str(error)):
-    return None
-  return type(error)(error.node_def, error.op, different_output_shapes(step_fn))
 
 
 def stack_over_replicas(values, step_fn):
@@ -158,10 +149,8 @@ def data_dependent_initializer(error, step_fn) -> ValueError:
 
 
 def created_on_another_replica(replica: int, first: int, what: str) -> str:
-  """The error for `what`, made by replica `replica` in the first trace.
-
-  Replica `first` (this worker's first) makes every variable in that trace.
-  """
+  """The error for `what`, made by replica `replica` in the first trace, where
+  replica `first` (this worker's first) makes every variable."""
   collective = replica_context.current().group.last_collective
   causes = ("step_fn branches on the replica id around it"
             if collective is None else
@@ -180,10 +169,8 @@ def created_on_another_replica(replica: int, first: int, what: str) -> str:
 
 
 class ProgramsDiffer(ValueError):
-  """Workers traced different collectives for one step: it must not run.
-
-  `variables_differ`: the workers made different variables in it.
-  """
+  """Workers traced different collectives for one step (`variables_differ`: made
+  different variables in it): it must not run."""
 
   def __init__(self, message: str, variables_differ: bool = False):
     super().__init__(message)
@@ -298,8 +285,7 @@ def check_writes(graph, num_devices: int, num_replicas: int = 1,
     if external is None:
       continue
     if known is not None and id(external) not in known:
-      value = op.inputs[1] if len(op.inputs) > 1 else None
-      what = f" of dtype {value.dtype.name}" if value is not None else ""
+      what = f" of dtype {op.inputs[1].dtype.name}" if len(op.inputs) > 1 else ""
       raise ValueError(_made_outside(
           f"writes a variable{what} ({op.type} {op.name!r}) that was"))
     if op not in library_writes and registry.copy_of_handle(external) is not None:

@@ -93,6 +93,7 @@ _EFFECTS = _IN_GRAPH + "effects"
 _STEPS = _IN_GRAPH + "steps"
 _GENERATORS = _IN_GRAPH + "generators"
 _STEP_CHECKS = "replicator.engines.step_checks"
+_STEP_ARGS = "replicator.engines.step_args"
 _S_VARIABLES = _STRATEGY + "variables"
 _S_STEPS = _STRATEGY + "steps"
 _CLUSTER = "replicator.multiworker.cluster"
@@ -268,9 +269,9 @@ USES = (
     Use("tensorflow", "__internal__.autograph.tf_convert", "function",
         parameters=("f", "ctx"),
         why="step_fn converted by AutoGraph as tf.function would convert it.",
-        used_in=(_STEPS, _S_STEPS)),
+        used_in=(_STEP_ARGS,)),
     Use("tensorflow", "__internal__.autograph.control_status_ctx", "function",
-        why="The AutoGraph status that tf_convert takes.", used_in=(_STEPS, _S_STEPS)),
+        why="The AutoGraph status that tf_convert takes.", used_in=(_STEP_ARGS,)),
     Use(_PY + "ops.ragged.ragged_tensor", "RaggedTensor._set_shape", "method",
         parameters=("shape",),
         why="A ragged batch keeps the static dims every worker agreed on.",

@@ -5,14 +5,11 @@ replica's device, and wrapped in a `ReplicatedVariable` whose copies are made
 as soon as its value exists (at once when eager, after the trace otherwise).
 
 Variables that the first trace of a step creates (under `creating()`) are made
-as `variables.lifting` makes them on both engines: outside the trace at once,
-uninitialized (as `tf.function` makes its own), and initialized from one
-function run after the trace. Left to `tf.function`, each would be an
-`UnliftedInitializerVariable`, which builds a `tf.cond` per variable into the
-trace and makes `tf.function` trace the step a second time, which for a
-lazily built deep model is more than half of the first trace (see
-benchmarks/RESULTS.md, "Time to the first training step"). A checkpoint's
-deferred initial value, which the lifting leaves, goes `tf.function`'s way.
+as `variables.lifting` makes them on both engines. Left to `tf.function`, each
+would be an `UnliftedInitializerVariable`, which builds a `tf.cond` per variable
+into the trace and makes `tf.function` trace the step a second time, which for
+a lazily built deep model is more than half of the first trace (see
+benchmarks/RESULTS.md, "Time to the first training step").
 """
 
 import contextlib
@@ -46,7 +43,6 @@ class VariableFactory:
     try:
       primary = None
       if self._lifting is not None and tf.inside_function():
-        kwargs = dict(kwargs)
         primary = self._lifting.create(next_creator, kwargs)
       if primary is None:
         with tf.device(self._devices[0]):
@@ -66,10 +62,8 @@ class VariableFactory:
       self._pending.append(variable)
     return variable
 
-  @contextlib.contextmanager
   def scope(self):
-    with tf.variable_creator_scope(self._create):
-      yield
+    return tf.variable_creator_scope(self._create)
 
   # The `lifting.VariableMaker` of this engine: a replicated variable's first copy.
   def make(self, next_creator, kwargs, shape, value) -> tf.Variable:
@@ -114,14 +108,14 @@ class VariableFactory:
         made.initialize()
       finally:
         self._fill_copies()
-        self._materialize_pending()
+        # Copies the variables created while tracing, now that they are initialized.
+        pending, self._pending = self._pending, []
+        for variable in pending:
+          variable._materialize()  # pylint: disable=protected-access
 
   def _fill_copies(self):
-    """Gives the copies made in a trace their variable's initial value.
-
-    Copies that something initialized meanwhile (a checkpoint's deferred
-    restore writes every copy) keep theirs.
-    """
+    """Gives the copies made in a trace their variable's initial value, unless
+    something initialized them meanwhile (a checkpoint's deferred restore)."""
     made, self._to_fill = self._to_fill, []
     with tf.init_scope():
       for variable in made:
@@ -132,9 +126,3 @@ class VariableFactory:
         for copy in variable.replicas[1:]:
           if not resource_variable_ops.var_is_initialized_op(copy.handle):
             copy.assign(value, read_value=False)
-
-  def _materialize_pending(self):
-    """Copies the variables created while tracing, once they are initialized."""
-    pending, self._pending = self._pending, []
-    for variable in pending:
-      variable._materialize()  # pylint: disable=protected-access

@@ -16,16 +16,13 @@ def assert_in_sync(variables_to_check, replica_ids: Sequence[int],
   (raising where it is not a replicated variable).
   """
   for variable in tf.nest.flatten(variables_to_check):
-    _compare(variable.name, [_checksum(c) for c in copies_of(variable)], replica_ids)
-
-
-def _compare(name: str, sums, replica_ids):
-  for r, value in enumerate(sums[1:], start=1):
-    if value != sums[0]:
-      raise errors.ReplicasDiverged(
-          f"Variable {name!r} differs between replica "
-          f"{replica_ids[0]} and replica {replica_ids[r]} (checksums "
-          f"{sums[0]} vs {value}).")
+    sums = [_checksum(c) for c in copies_of(variable)]
+    for r, value in enumerate(sums[1:], start=1):
+      if value != sums[0]:
+        raise errors.ReplicasDiverged(
+            f"Variable {variable.name!r} differs between replica "
+            f"{replica_ids[0]} and replica {replica_ids[r]} (checksums "
+            f"{sums[0]} vs {value}).")
 
 
 def _checksum(variable) -> int:
@@ -35,6 +32,6 @@ def _checksum(variable) -> int:
     if value.dtype.is_bool:
       value = tf.cast(value, tf.uint8)
     bits = {1: tf.uint8, 2: tf.uint16, 4: tf.uint32, 8: tf.uint64}[value.dtype.size]
-    words = tf.cast(tf.bitcast(value, bits), tf.int64) if value.dtype != bits else tf.cast(value, tf.int64)
+    words = tf.cast(tf.bitcast(value, bits), tf.int64)  # (to its own dtype: itself)
     weights = tf.range(1, tf.size(words, out_type=tf.int64) + 1) % 65521 + 1
     return int(tf.reduce_sum(words * weights))

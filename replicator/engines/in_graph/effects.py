@@ -1,11 +1,6 @@
-"""What in a traced step has effects, and the gate that holds them.
-
-A step that runs only if its batches arrived (`CompiledStep._trace_single`)
-is called after a gate that raises `OutOfRangeError` when they did not; every
-op of the step with effects waits for the gate, reads and arithmetic may
-start earlier. Stateful random ops keep their state in their kernels, so a
-step that has them always runs in the loop (one stream per compiled step).
-Summaries are effects too: only the job's replica 0 records them.
+"""What in a traced step has effects, and the gate that holds them until the
+step's batches arrived (`CompiledStep._trace_single`); reads and arithmetic may
+start earlier. Summaries are effects too: only the job's replica 0 records them.
 """
 
 import contextlib
@@ -30,12 +25,9 @@ def draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
   nodes = [node for node in graph_def.node if node.name not in initializers]
   for function in graph_def.library.function:
     nodes.extend(function.node_def)
-  for op_type in {node.op for node in nodes}:
-    op_def = op_def_registry.get(op_type)
-    if op_def is not None and op_def.is_stateful and any(
-        attr.name == "seed2" for attr in op_def.attr):
-      return True
-  return False
+  return any(op_def is not None and op_def.is_stateful
+             and any(attr.name == "seed2" for attr in op_def.attr)
+             for op_def in map(op_def_registry.get, {node.op for node in nodes}))
 
 
 # The gate's op (`Gate`): an OutOfRangeError whose message names it means the
@@ -66,7 +58,7 @@ class Gate:
     def ran_out():
       with tf.name_scope(RAN_OUT):
         return self._empty.get_next()
-    return tf.cond(ready, lambda: tf.constant(0, tf.int64), ran_out)
+    return tf.cond(ready, open_gate, ran_out)
 
 
 def hold_effects(ops, gate: tf.Tensor):

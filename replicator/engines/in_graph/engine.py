@@ -1,10 +1,5 @@
-"""`InGraphEngine`: the replicas of a step traced into one graph, by the library.
-
-What `GpuReplicator` (with `jit_compile=True`, compiled with XLA) and
-`MultiGpuReplicator` run on: an `engines.protocol.Engine`, as
-`engines.strategy.engine.StrategyEngine` is (where `tf.distribute` runs the
-steps: the TPU and its emulator), so that `Replicator` is written once over either.
-"""
+"""`InGraphEngine`: the `engines.protocol.Engine` of `GpuReplicator` and
+`MultiGpuReplicator`, which traces every local replica of a step into one graph."""
 
 import logging
 from typing import Any, Callable, ContextManager, Optional, Sequence
@@ -57,27 +52,20 @@ class InGraphEngine:
 
   @property
   def created(self):
-    """Every variable made in the scope or in a step, in creation order."""
     return self.factory.created
 
   def scope(self) -> ContextManager:
-    """Within, variables made are replicated (`repl.context()`)."""
     return self.factory.scope()
 
   def iterator(self, dataset: tf.data.Dataset, for_host=None):
-    """An iterator of `dataset`'s batches, one per local replica a step
-    (each worker is a process of its own: `for_host` is not needed)."""
-    del for_host
+    del for_host  # each worker is a process of its own
     return iter(dataset)
 
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
           element_spec, steps: int, args: Sequence[Any], *,
           count: Callable[[int], None], uneven_batches: bool):
-    """`(steps completed, outputs of the last, whether batches were uneven)`.
-
-    `count(ran)` is called as steps complete, before the handlers of a signal
-    that ended the call run (`engines.in_graph.interrupts`).
-    """
+    """As `Engine.run`; `count(ran)` is called before the handlers of a signal
+    that ended the call run (`interrupts`)."""
     compiled = self._steps.get((step_fn, input_fn))
     if compiled is None:
       compiled = steps_lib.CompiledStep(
@@ -120,21 +108,34 @@ class InGraphEngine:
                    count):
     """`compiled`'s `(completed, outputs, status)` for `steps` steps, counted.
 
-    SIGINT and SIGTERM end a call of several steps between two steps
-    (`engines.in_graph.interrupts`; on several workers, every worker's at the same step,
-    and every worker handles the signal), and their handlers run once its
-    steps are counted. Where none raises (a handler that only takes note), the
-    remaining steps run in a further call, as Python retries a system call that
-    a signal interrupted (PEP 475). `outputs` are those of the last step that
-    ran (None if none did).
+    A signal ends a call of several steps between two steps (`interrupts`),
+    and its handlers run once the steps are counted. Where none raises (a
+    handler that only takes note), the remaining steps run in a further call,
+    as Python retries a system call that a signal interrupted (PEP 475).
+    `outputs` are those of the last step that ran (None if none did).
+    TensorFlow's errors are explained in terms of step_fn.
     """
     completed, outputs = 0, None
     while True:
       hold = interrupts.Hold(compiled.stop_flag) if steps - completed > 1 else None
       signum = 0  # the signal that stopped the call, on this worker or another
       try:
-        ran, last, status = self._call(compiled, step_fn, input_fn, iterator,
-                                       steps - completed, args, hold)
+        ran, last, status = compiled(iterator, steps - completed, args, hold)
+      except step_checks.ProgramsDiffer:
+        del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
+        raise
+      except (tf.errors.OpError, ValueError, TypeError) as error:  # (a trace's too)
+        op_error = isinstance(error, tf.errors.OpError)
+        clearer = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
+                   if op_error and self._jit_compile else None)
+        if clearer is None:
+          clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
+        if clearer is not None:
+          raise clearer from error
+        if op_error and self._peers is not None:
+          self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
+        raise
+      else:
         ran = int(ran)
         count(ran)
         why, signal = fetch.decode(int(status))
@@ -146,32 +147,7 @@ class InGraphEngine:
       if not signum or completed == steps:
         return completed, outputs, status
 
-  def _call(self, compiled, step_fn, input_fn, iterator, steps: int, args, hold):
-    """One call of `compiled`, its TensorFlow errors explained."""
-    try:
-      return compiled(iterator, steps, args, hold)
-    except step_checks.ProgramsDiffer:
-      del self._steps[(step_fn, input_fn)]  # its traces' keys are the wrong ones
-      raise
-    except tf.errors.OpError as error:
-      unsupported = (step_checks.xla_unsupported(error, step_fn, self._compiled_by)
-                     if self._jit_compile else None)
-      if unsupported is not None:
-        raise unsupported from error
-      clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
-      if clearer is not None:
-        raise clearer from error
-      if self._peers is not None:
-        self._peers.raise_if_lost(error, self._steps_completed())  # WorkerLost
-      raise
-    except (ValueError, TypeError) as error:  # step_fn's trace failed
-      clearer = step_checks.explained(error, step_fn, input_fn, compiled.element_spec)
-      if clearer is not None:
-        raise clearer from error
-      raise
-
   def copies(self, variable) -> Sequence[tf.Variable]:
-    """The local copies of `variable` (a variable made in `scope` or a step)."""
     inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
     if isinstance(inner, variables.ReplicatedVariable):
       variable = inner
@@ -182,10 +158,8 @@ class InGraphEngine:
     return tuple(variable.replicas)
 
   def random_generator(self, seed: int) -> generators.ReplicaGenerator:
-    """A generator per local replica, split from `seed` (`ReplicaGenerator`)."""
     return generators.ReplicaGenerator(seed, self._replica_ids, self._num_replicas,
                                        self._placement)
 
   def clear(self):
-    """Drops the compiled steps (the replicator was shut down)."""
     self._steps.clear()

@@ -1,8 +1,4 @@
-"""`ReplicaGenerator`: a `tf.random.Generator` per replica, split from one seed.
-
-What `Replicator.random_generator` gives on the in-graph engine (the strategy
-engine's generator is `tf.distribute`'s own).
-"""
+"""`ReplicaGenerator`: what `Replicator.random_generator` gives on the in-graph engine."""
 
 import logging
 from typing import Sequence
@@ -31,8 +27,6 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
 
   def __init__(self, seed: int, replica_ids: Sequence[int], num_replicas: int,
                devices: Sequence[str]):
-    if not isinstance(seed, int):
-      raise TypeError(f"seed: expected an int, got {seed!r}.")
     self._replica_ids = tuple(replica_ids)
     self._num_replicas = num_replicas
     with registry.replica_local():
@@ -42,18 +36,14 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
       self._generators = []
       for replica_id, device in zip(replica_ids, devices):
         with tf.device(device):
-          self._generators.append(
-              tf.random.Generator.from_state(splits[replica_id].state.numpy(),
-                                             splits[replica_id].algorithm))
-
-  def _current(self) -> tf.random.Generator:
-    replica = replica_context.current()
-    return self._generators[replica.index if replica else 0]
+          self._generators.append(tf.random.Generator.from_state(
+              self._initial_states[replica_id], root.algorithm))
 
   def __getattr__(self, name):
     if name.startswith("_"):
       raise AttributeError(name)
-    return getattr(self._current(), name)
+    replica = replica_context.current()
+    return getattr(self._generators[replica.index if replica else 0], name)
 
   def _serialize_to_tensors(self):
     with tf.device("/device:CPU:0"):
@@ -61,9 +51,8 @@ class ReplicaGenerator(tf.__internal__.tracking.Trackable):
               "num_replicas": tf.constant(self._num_replicas, tf.int64)}
 
   def _restore_from_tensors(self, restored_tensors):
-    saved = restored_tensors["states"].numpy()
-    saved_replicas = int(restored_tensors["num_replicas"])
-    states = self._resumed_states(saved, saved_replicas)
+    states = self._resumed_states(restored_tensors["states"].numpy(),
+                                  int(restored_tensors["num_replicas"]))
     for generator, state in zip(self._generators, states):
       generator.reset(state)
 

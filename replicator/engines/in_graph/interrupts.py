@@ -2,39 +2,30 @@
 
 A call of `steps=k` is one compiled TensorFlow call, and Python runs a signal's
 handler on the main thread only, once that call returns: a `KeyboardInterrupt`
-would wait for every step. So once such a call is traced, a `Hold` puts a
-recorder in place of each of these signals' Python handlers and points
-Python's wakeup fd (`signal.set_wakeup_fd`, written by the C-level handler on
-whichever thread the signal reaches) at a socket that a helper thread watches.
-On a signal that thread writes its number to the call's `StopFlag`, a host
-variable that the compiled loop reads before it fetches (or, without input,
-runs) each next step: the loop ends between two steps and returns the steps
-completed, with the status `fetch.StepStatus.INTERRUPTED` minus that number.
-The call stays on the thread that made it, with that thread's device scopes
-and summary writer. Once its steps are counted, `Hold.release` puts the
-handlers back and raises each held signal again (`signal.raise_signal`), so
-the process's own handler runs as it would have: `KeyboardInterrupt` for
-Ctrl-C by default, a preemption handler's flag or exit for SIGTERM.
+would wait for every step. So once such a call is traced, a `Hold` records
+these signals instead, and a helper thread watching Python's wakeup fd
+(`signal.set_wakeup_fd`, written by the C-level handler on whichever thread
+the signal reaches) writes each one's number to the call's `StopFlag`, which
+the compiled loop reads before each next step: the loop ends between two steps
+with the status `fetch.StepStatus.INTERRUPTED` minus that number. The call
+stays on the thread that made it (its device scopes, its summary writer). Once
+its steps are counted, `Hold.release` raises each held signal again, so the
+process's own handler runs as it would have (`KeyboardInterrupt` for Ctrl-C by
+default, a preemption handler's flag or exit for SIGTERM).
 
-On several workers every worker must stop at the same step, or the others
-would wait at the next step's collectives: with input, each step's fetch
-already meets the other workers in a collective, which also takes the
-workers' flags (a worker interrupted there makes it the last step of every
-worker, `fetch.StepStatus.LAST`); without input the workers compare their
-flags every `AGREE_EVERY` steps, beside the step. Each worker then handles
-the signal as if it had got it (`Hold.release`), so that all leave `run` alike.
+On several workers every worker stops at the same step (else the others would
+wait at the next step's collectives; `CompiledStep._trace_loop` says how), and
+each handles the signal as if it had got it, so that all leave `run` alike.
 
 A signal whose disposition is not a Python function is not held: with its
 default action SIGTERM still ends the process at once, and an ignored one
-stays ignored. Only the main thread holds signals (Python lets no other set
-handlers); a call on another thread is not interrupted.
+stays ignored.
 """
 
 import os
 import signal
 import socket
 import threading
-from typing import Optional
 
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
@@ -69,11 +60,8 @@ class StopFlag:
     with tf.control_dependencies(after):
       return tf.raw_ops.ReadVariableOp(resource=self._variable.handle, dtype=tf.int64)
 
-  def stop(self, signum: int):
+  def set(self, signum: int):
     self._variable.assign(signum)
-
-  def reset(self):
-    self._variable.assign(0)
 
 
 class _Watcher:
@@ -115,7 +103,7 @@ class _Watcher:
             pass
         held = [number for number in numbers if number in INTERRUPTING]
         if self._flag is not None and not self.stopped and held:
-          self._flag.stop(held[0])
+          self._flag.set(held[0])
           self.stopped = True
 
 
@@ -128,22 +116,6 @@ def _forget_watcher():
 
 
 os.register_at_fork(after_in_child=_forget_watcher)
-
-
-def call(function, hold: Optional["Hold"], traced, args: tuple):
-  """`function(*args)` (a `tf.function`), with `hold` started once it is traced.
-
-  A signal while it is traced (seconds, for a large step) raises at once: no
-  step has run. `traced.loop_traced` says whether it was traced for these
-  `args` before: looking the trace up on every call would cost a good part of
-  a small step.
-  """
-  if hold is not None:
-    if not traced.loop_traced:
-      function.get_concrete_function(*args)
-      traced.loop_traced = True
-    hold.start()
-  return function(*args)
 
 
 class Hold:
@@ -197,25 +169,19 @@ class Hold:
       if self._previous_fd is not None:
         signal.set_wakeup_fd(self._previous_fd)
       if _watcher is not None and _watcher.disarm():
-        self._flag.reset()
+        self._flag.set(0)
       self._released = True
       for s, handler in self._handlers.items():
         signal.signal(s, handler)
     if also and also not in self._caught and signal.getsignal(also) != signal.SIG_IGN:
       self._caught.append(also)
-    _raise_again(self._caught)
-
-
-def _raise_again(signums):
-  """Each of `signums` delivered again, to the handlers now in place.
-
-  Where a handler raises, the later signals are sent to the main thread, whose
-  handlers then run as Python runs several pending ones.
-  """
-  for index, signum in enumerate(signums):
-    try:
-      signal.raise_signal(signum)
-    except BaseException:
-      for later in signums[index + 1:]:
-        signal.pthread_kill(threading.main_thread().ident, later)
-      raise
+    # Each delivered again, to the handlers now in place. Where one raises, the
+    # later signals are sent to the main thread, whose handlers then run as
+    # Python runs several pending ones.
+    for index, signum in enumerate(self._caught):
+      try:
+        signal.raise_signal(signum)
+      except BaseException:
+        for later in self._caught[index + 1:]:
+          signal.pthread_kill(threading.main_thread().ident, later)
+        raise

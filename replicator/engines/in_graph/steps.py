@@ -7,11 +7,7 @@ after it from the initializers it computed; see `creation`), and the loop
 reuses that trace; a later trace for other `args` may not create variables.
 On several workers the workers then compare the collectives they traced before
 any of them runs (`step_checks.check_same_program`), and only then do the
-chief's initial values go to every worker. How `args` are passed is in
-`step_args`, how each step's batches are fetched in `inputs.fetch`, the gate
-that holds a step's effects until its batches arrived in `effects`, the
-errors of a step that cannot run in `step_checks`, and how a signal ends the
-loop between two steps in `interrupts`.
+chief's initial values go to every worker.
 """
 
 import contextlib
@@ -33,12 +29,6 @@ from replicator.engines.in_graph import effects
 from replicator.engines.in_graph import interrupts
 
 
-def _to_spec(value):
-  if isinstance(value, tf.Tensor):
-    return tf.TensorSpec(value.shape, value.dtype)
-  return value
-
-
 class _Traced:
   """What one trace of step_fn (one signature of its `args`) found."""
 
@@ -48,7 +38,7 @@ class _Traced:
     self.tensor_specs = tuple(spec for spec in tf.nest.flatten(output_spec)
                               if spec is not None)
     self.draws_random = draws_random  # whether step_fn has stateful random ops
-    self.loop_traced = False  # whether a held call traced the loop (`interrupts.call`)
+    self.loop_traced = False  # whether a held call traced the loop (`__call__`)
 
 
 class CompiledStep:
@@ -59,7 +49,7 @@ class CompiledStep:
                factory: creation.VariableFactory, jit_compile: bool,
                keys=None, new_variables=None, uneven_batches: bool = False):
     self._step_fn = step_fn
-    self._element_spec = element_spec
+    self.element_spec = element_spec
     # what the traces see: dims that differ between workers are unknown
     self._traced_spec = fetch.agreed_element_spec(element_spec, keys, devices[0])
     self._devices = tuple(devices)
@@ -81,21 +71,13 @@ class CompiledStep:
     self.variables_differ = []
     self._no_pending = tf.constant(0, tf.int64)  # the loop's `pending` on most calls
     self._gate = effects.Gate()  # (`_trace_single`)
-    self._stop = interrupts.StopFlag()  # what the loop reads before each next step
+    self.stop_flag = interrupts.StopFlag()  # what the loop reads before each next step
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = tf.function(self._trace_single, autograph=False)
     # A function of its own even without XLA: Grappler then optimizes the step
     # as one graph (inlined into the loop's `cond`, a GAN step runs slower).
     self._replicated_step = tf.function(self._trace_step, autograph=False,
                                         jit_compile=jit_compile)
-
-  @property
-  def element_spec(self):
-    return self._element_spec
-
-  @property
-  def stop_flag(self) -> interrupts.StopFlag:
-    return self._stop
 
   def __call__(self, iterator, steps: int, args: Sequence[Any], hold=None):
     self._python_numbers.warn_if_changed(args)
@@ -111,13 +93,11 @@ class CompiledStep:
     if new and self._keys is not None:
       self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
                                        self._no_pending)
-      # Only after the check (one worker has nothing to send), with those
-      # made in repl.context() since the last run: the chief's
-      # initial values travel in collectives whose keys follow the step's,
-      # which workers that traced other programs do not share until the check
-      # has realigned them (else both wait forever). Variables that differ
-      # between workers are never sent: there would be a collective too many
-      # or of another shape.
+      # The chief's initial values (of those made in repl.context() since the
+      # last run too) travel after the check, in collectives whose keys follow
+      # the step's, which workers that traced other programs share only once
+      # the check has realigned them; never where the variables differ (there
+      # would be a collective too many, or of another shape).
       try:
         step_checks.check_same_program(self._step_fn, self._keys, self._devices[0],
                                        issued, self._new_variables.pending())
@@ -134,15 +114,14 @@ class CompiledStep:
       # the call, only where every worker made the same (else the workers
       # that made none would never join the collectives that send them).
       pending = self._new_variables.digest()
-    # The common case, without the loop's per-call overhead (a large part of a
-    # small model's step): one step where running out of data is
-    # the one way to stop. A step that draws random numbers always runs in
-    # the loop, so one stream advances whatever `steps` each call asks for.
-    # So does every step on several workers: the loop checks that every
-    # worker asked for the same `steps` (two compiled functions' collectives
-    # have different keys, and a loop's are told apart by iteration, so
-    # workers running different numbers of steps would wait for each other
-    # forever), and every step whose batch sizes are compared at run time.
+    # The common case without the loop's per-call overhead (a large part of a
+    # small model's step): one step where running out of data is the one way to
+    # stop. A step that draws random numbers runs in the loop, so that one stream
+    # advances whatever `steps` each call asks for; so does every step on several
+    # workers (the loop checks that they asked for the same `steps`: compiled
+    # functions' collectives have different keys, so workers running different
+    # numbers of steps would wait for each other forever), and every step whose
+    # batch sizes are compared at run time.
     if (steps == 1 and not self._current.draws_random and self._keys is None
         and (iterator is None
              or self._fetcher.sizes_to_compare(iterator.element_spec) is None)):
@@ -153,34 +132,23 @@ class CompiledStep:
           raise  # step_fn's own
         completed, tensors, status = 0, self._initial_outputs(), fetch.StepStatus.OUT_OF_DATA
     else:
-      completed, tensors, status = interrupts.call(self._loop, hold, self._current, (
-          iterator, tf.constant(steps, tf.int64), args,
-          tf.constant(pending, tf.int64) if pending else self._no_pending))
+      loop_args = (iterator, tf.constant(steps, tf.int64), args,
+                   tf.constant(pending, tf.int64) if pending else self._no_pending)
+      if hold is not None:  # started once the loop is traced: until then, a signal
+        # raises at once (no step has run). Looking the trace up on every call
+        # would cost a good part of a small step.
+        if not self._current.loop_traced:
+          self._loop.get_concrete_function(*loop_args)
+          self._current.loop_traced = True
+        hold.start()
+      completed, tensors, status = self._loop(*loop_args)
       if self._new_variables is not None and self._new_variables.pending():
         why, _ = fetch.decode(int(status))
         if why is fetch.StepStatus.VARIABLES_DIFFER:
           self.variables_differ = self._new_variables.keep_each_workers()
         elif why is not fetch.StepStatus.STEPS_DIFFER:
           self._new_variables.send()
-    return completed, self._with_nones(tensors), status
-
-  def _with_nones(self, tensors):
-    """step_fn's output structure, from the tensors the compiled step returns.
-
-    The compiled functions carry only the tensor leaves, so a step that returns
-    nothing (or a nest with `None` in it) runs as one that returns tensors.
-    """
-    tensors = iter(tensors)
-    output_spec = self._current.output_spec
-    return tf.nest.pack_sequence_as(
-        output_spec,
-        [None if spec is None else next(tensors)
-         for spec in tf.nest.flatten(output_spec)])
-
-  def _group(self) -> replica_context.ReplicaGroup:
-    return replica_context.ReplicaGroup(self._devices, self._first_replica_id,
-                                        self._num_replicas, keys=self._keys,
-                                        trace=deferred.StepWrites())
+    return completed, step_checks.with_nones(self._current.output_spec, tensors), status
 
   def _replica_scope(self, creating: bool):
     summaries = effects.summary_state()
@@ -188,20 +156,16 @@ class CompiledStep:
     @contextlib.contextmanager
     def scope(r):
       # Replica 0's too: Grappler rewrites by name; replicas named alike round alike.
-      names = tf.name_scope(f"replica_{r}")
-      with tf.device(self._devices[r]), names, \
+      with tf.device(self._devices[r]), tf.name_scope(f"replica_{r}"), \
           effects.summaries(summaries, records=self._first_replica_id + r == 0):
         if creating and r == 0:  # the first replica makes the variables for all
           with self._factory.scope():
             yield
-        elif creating:
-          with lifting.no_creation(functools.partial(
-              step_checks.created_on_another_replica, self._first_replica_id + r,
-              self._first_replica_id)):
-            yield
         else:
-          with lifting.no_creation(
-              lifting.created_where("after its first run")):
+          explain = (functools.partial(step_checks.created_on_another_replica,
+                                       self._first_replica_id + r, self._first_replica_id)
+                     if creating else lifting.created_where("after its first run"))
+          with lifting.no_creation(explain):
             yield
     return scope
 
@@ -234,68 +198,44 @@ class CompiledStep:
     return _Traced(self._traced_output_spec,
                    effects.draws_from_kernel_state(concrete.graph, initializers))
 
-  def _converted_in_function(self):
-    step_fn = self._step_fn
-
-    def call(*inputs):
-      return tf.__internal__.autograph.tf_convert(
-          step_fn, tf.__internal__.autograph.control_status_ctx())(*inputs)
-    return call
-
   def _trace_step(self, batches, args, gate):
-    """Every replica's step; nothing of it that has effects runs before `gate`.
-
-    (`gate` is an int64 scalar: `_trace_single`'s raises where the data ran out.)
-    """
-    step_fn = self._converted_in_function()
+    """Every replica's step; nothing of it that has effects runs before `gate`
+    (an int64 scalar: `_trace_single`'s raises where the data ran out)."""
     args = step_args.dereference(args)
     per_replica = [((fetch.relaxed(b[0], self._traced_spec),) if b is not None
                     else ()) + tuple(args) for b in batches]
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
-    group = self._group()
+    group = replica_context.ReplicaGroup(self._devices, self._first_replica_id,
+                                         self._num_replicas, keys=self._keys,
+                                         trace=deferred.StepWrites())
     with patches.while_tracing():
-      outputs = group.run(step_fn, per_replica, self._replica_scope(creating=self._creating))
+      outputs = group.run(functools.partial(step_args.converted_call, self._step_fn),
+                          per_replica, self._replica_scope(creating=self._creating))
     effects.hold_effects(graph.get_operations()[before:], gate)
     outputs = [step_checks.check_outputs(o, self._step_fn) for o in outputs]
-    self._traced_output_spec = tf.nest.map_structure(_to_spec, outputs[0])
-    leaves = [tf.nest.flatten(o) for o in outputs]
-    step_checks.check_writes(tf.compat.v1.get_default_graph(), len(self._devices),
-                             self._num_replicas, group.trace.library)
+    self._traced_output_spec = tf.nest.map_structure(
+        lambda t: None if t is None else tf.TensorSpec(t.shape, t.dtype), outputs[0])
+    step_checks.check_writes(graph, len(self._devices), self._num_replicas,
+                             group.trace.library)
     return tuple(step_checks.stack_over_replicas(xs, self._step_fn)
-                 for xs in zip(*leaves) if xs[0] is not None)
+                 for xs in zip(*map(tf.nest.flatten, outputs)) if xs[0] is not None)
 
   def _initial_outputs(self):
     n = len(self._devices)
 
-    def zeros(spec):
-      if spec.shape.rank is None:  # any shape will do (tf.py_function's outputs)
-        return tf.zeros([n], spec.dtype)
-      shape = [n] + [d if d is not None else 0 for d in spec.shape.as_list()]
-      return tf.zeros(shape, spec.dtype)
+    def zeros(spec):  # of any shape where the rank is unknown (tf.py_function's outputs)
+      dims = [] if spec.shape.rank is None else spec.shape.as_list()
+      return tf.zeros([n] + [d or 0 for d in dims], spec.dtype)
     return tuple(zeros(spec) for spec in self._current.tensor_specs)
 
-  def _invariants(self):
-    """The outputs' shapes through the loop: their rank, no dims.
-
-    The output specs are replica 0's; another replica's may have other static
-    sizes (rows picked by `replica_id`).
-    """
-    n = len(self._devices)
-    return tuple(tf.TensorShape([n]).concatenate(
-        tf.TensorShape(None if spec.shape.rank is None else [None] * spec.shape.rank))
-                 for spec in self._current.tensor_specs)
-
   def _trace_single(self, iterator, args):
-    """One step, run only if every replica got its batch.
-
-    The step is called after a gate that raises `OutOfRangeError` (caught in
-    `__call__`) when the data ran out, and its ops with effects wait for the
-    gate (`effects.hold_effects`): the step's variables need no `Switch` each,
-    as they do inside a `tf.cond`, so Grappler has fewer nodes to optimize and
-    the first step comes sooner. An OutOfRange is the error TensorFlow logs
-    least (on several devices, INFO lines of cancelled receives), and an
-    empty iterator's `get_next` the cheapest op that raises it.
+    """One step, run only if every replica got its batch: after a gate that
+    raises `OutOfRangeError` (caught in `__call__`) where the data ran out, and
+    that its ops with effects wait for (`effects.hold_effects`). Unlike in a
+    `tf.cond`, its variables need no `Switch` each, so Grappler has fewer nodes
+    to optimize and the first step comes sooner; and an OutOfRange is the error
+    TensorFlow logs least (on several devices, INFO lines of cancelled receives).
     """
     n = len(self._devices)
     if iterator is None:
@@ -324,7 +264,12 @@ class CompiledStep:
     """
     n = len(self._devices)
     zero = tf.constant(0, tf.int64)
-    invariants = self._invariants()
+    # The outputs' shapes through the loop: their rank, no dims (the specs are
+    # replica 0's; another replica's may have other static sizes, rows picked
+    # by `replica_id`).
+    invariants = tuple(tf.TensorShape([n]).concatenate(
+        tf.TensorShape(None if spec.shape.rank is None else [None] * spec.shape.rank))
+                       for spec in self._current.tensor_specs)
     # A random op's state is in its kernel, not in a variable, so nothing
     # orders its draws: iterations running side by side could draw in either
     # order, and the step would return another step's numbers.
@@ -341,13 +286,13 @@ class CompiledStep:
         if self._keys is not None:
           agreed, status = tf.cond(
               tf.equal(i % interrupts.AGREE_EVERY, 0),
-              lambda: self._fetcher.agree_on_steps(steps, pending, i, self._stop.signal()),
+              lambda: self._fetcher.agree_on_steps(steps, pending, i, self.stop_flag.signal()),
               lambda: (agreed, status))
         return i + 1, agreed, status, outputs
 
       def go_on(i, agreed, unused_status, unused_outputs):  # alone, the flag too
         return i < agreed if self._keys is not None else tf.logical_and(
-            i < agreed, tf.equal(self._stop.signal(), 0))
+            i < agreed, tf.equal(self.stop_flag.signal(), 0))
 
       ready = fetch.status_tensor(fetch.StepStatus.READY)
       first = steps if self._keys is None else tf.constant(1, tf.int64)
@@ -358,14 +303,14 @@ class CompiledStep:
           parallel_iterations=parallel_iterations)
       if self._keys is None:  # READY: every step ran, or the flag stopped it
         status = tf.where(completed < steps,
-                          fetch.interrupted(self._stop.signal(after=[completed])), status)
+                          fetch.interrupted(self.stop_flag.signal(after=[completed])), status)
     else:
       empty = [tf.experimental.Optional.empty(iterator.element_spec)] * n
       as_bool = self._fetcher.sizes_to_compare(iterator.element_spec) is None
 
       def fetch_next(**compared):  # on several workers, with this worker's flag
         if self._keys is not None:
-          compared["signum"] = self._stop.signal()
+          compared["signum"] = self.stop_flag.signal()
         return self._fetcher.fetch(iterator, **compared)
 
       def fetch_if_due(i, status):
@@ -373,7 +318,7 @@ class CompiledStep:
         # last fetch's collective said whether one got a signal (LAST plus its
         # number: this step runs, no later one), so that all stop at one step.
         due = i < steps
-        signum = (self._stop.signal() if self._keys is None
+        signum = (self.stop_flag.signal() if self._keys is None
                   else tf.maximum(status - fetch.StepStatus.LAST, 0))
         stopped = (lambda: tf.constant(False)) if as_bool else (lambda: tf.where(
             due, fetch.interrupted(signum), fetch.status_tensor(fetch.StepStatus.DONE)))
@@ -394,6 +339,6 @@ class CompiledStep:
           shape_invariants=(tf.TensorShape([]), [o._type_spec for o in optionals],  # pylint: disable=protected-access
                             tf.TensorShape([]), invariants),
           parallel_iterations=parallel_iterations)
-      status = fetch.why_stopped(status, lambda: self._stop.signal(after=[completed]))
+      status = fetch.why_stopped(status, lambda: self.stop_flag.signal(after=[completed]))
     step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
     return completed, outputs, status

@@ -1,17 +1,12 @@
-"""The strategy engine's replica, with its collectives on `tf.distribute`'s.
+"""`StrategyReplica`: the strategy engine's `Replica`, on `tf.distribute`'s collectives.
 
-`collectives.in_step` checks the arguments and flattens the nests, as for the
-in-graph engine, and hands the flat tensors to the replica entered on the
-tracing thread (`collectives.replica_context.current()`): here a
-`StrategyReplica`. Sums and means are `ReplicaContext.all_reduce` (on a TPU,
-one cross-replica sum); a gather is each replica's words at its place among
-zeros, summed; maxima and minima reduce a gather; a broadcast is the sum of
-the source's words and zeros. Dtypes that a TPU's sum does not take travel
-as `collectives.wire` encodes them, on the stand-in too, so the suite runs
-what a TPU traces. Their gradients are the in-graph engine's: of a sum over
-replicas, the sum of the upstream gradients (TensorFlow's); of a gather, this
-replica's rows of that sum; of a broadcast, that sum at the source only
-(written here, since words carry no gradient).
+Sums and means are `ReplicaContext.all_reduce` (on a TPU, one cross-replica
+sum); a gather is each replica's words at its place among zeros, summed;
+maxima and minima reduce a gather; a broadcast is the sum of the source's
+words and zeros. Dtypes that a TPU's sum does not take travel as
+`collectives.wire` encodes them, on the stand-in too, so the suite runs what a
+TPU traces. Their gradients are the in-graph engine's (written here where the
+words carry none).
 """
 
 from typing import Callable, List, Optional
@@ -54,9 +49,7 @@ class StrategyReplica(replica_context.Replica):
     return tf.cast(replica_id, tf.int32, name="replica_id")
 
   def static_replica_id(self) -> Optional[int]:
-    """This replica's id as a Python int where the trace is one replica's (the
-    stand-in's threads, a trace alone); None on a TPU, which traces every
-    replica at once."""
+    # An int on the stand-in's threads and in a trace alone; None on a TPU.
     if self.alone:
       return 0
     replica_id = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -64,15 +57,12 @@ class StrategyReplica(replica_context.Replica):
     return None if value is None else int(value)
 
   def static_local_index(self) -> Optional[int]:
-    """`static_replica_id()`: a trace of one replica's is one host's (the
-    stand-in's, a trace alone), whose copies are in replica order."""
+    # A trace of one replica's is one host's, whose copies are in replica order.
     return self.static_replica_id()
 
   def with_summed_gradient(self, name: str, forward: Callable[..., List[tf.Tensor]],
                            inputs: List[tf.Tensor], grad_fn: Callable) -> List[tf.Tensor]:
-    """`forward(*inputs)`, differentiated through its collectives, which
-    differentiate themselves: `grad_fn`'s values, by TensorFlow's autodiff."""
-    del name, grad_fn
+    del name, grad_fn  # the collectives in `forward` differentiate themselves
     return list(forward(*inputs))
 
   def all_reduce(self, flat: List[tf.Tensor], op: ReduceOp,
@@ -86,11 +76,13 @@ class StrategyReplica(replica_context.Replica):
       every = self._gather([tf.expand_dims(x, 0) for x in flat], 0)
       return [_REDUCE[op, e.dtype == tf.bool](e, axis=0) for e in every]
     travel = options.compression.value
-    sent = [tf.cast(x, travel) if travel is not None and x.dtype.is_floating
-            and x.dtype.size > travel.size else x for x in flat]
+    # Each this replica's own tensor: a value every replica shares (made outside
+    # the step) would be taken by tf.distribute as already reduced.
+    sent = [tf.identity(tf.cast(x, travel) if travel is not None and x.dtype.is_floating
+                        and x.dtype.size > travel.size else x) for x in flat]
     tf_op = (tf.distribute.ReduceOp.MEAN if op is ReduceOp.MEAN
              else tf.distribute.ReduceOp.SUM)
-    reduced = _without_complex(_own(sent), lambda parts: _by_dtype(
+    reduced = _without_complex(sent, lambda parts: _by_dtype(
         parts, lambda group: _sums(group, tf_op)))
     return [tf.cast(r, x.dtype) for r, x in zip(reduced, flat)]
 
@@ -99,10 +91,8 @@ class StrategyReplica(replica_context.Replica):
     del method, what
     _check_tpu_values(flat, "all_gather")
     parts = [gathering.gather_part(x, axis) for x in flat]
-    if self.alone:
+    if self.alone or self.num_replicas == 1:  # (a concat of one is its identity)
       return [tf.concat([part] * self.num_replicas, axis) for part in parts]
-    if self.num_replicas == 1:
-      return [tf.identity(part) for part in parts]
     return self._gather(parts, axis)
 
   def broadcast(self, flat: List[tf.Tensor], source_replica: int, *,
@@ -188,26 +178,15 @@ def _sums(group, tf_op):
           for x in group]
 
 
-def _own(flat):
-  """This replica's tensors: a value every replica shares (a tensor made
-  outside the step) would be taken by tf.distribute as already reduced."""
-  return [tf.identity(x) for x in flat]
-
-
 def _without_complex(flat, reduce):
   """`reduce(flat)`, complex tensors reduced as their real and imaginary parts
   (tf.distribute's collectives take real numbers)."""
-  parts, kinds = [], []
+  parts = []
   for x in flat:
-    if x.dtype.is_complex:
-      parts += [tf.math.real(x), tf.math.imag(x)]
-      kinds.append(True)
-    else:
-      parts.append(x)
-      kinds.append(False)
+    parts += [tf.math.real(x), tf.math.imag(x)] if x.dtype.is_complex else [x]
   reduced = iter(reduce(parts))
-  return [tf.complex(next(reduced), next(reduced)) if complex_ else next(reduced)
-          for complex_ in kinds]
+  return [tf.complex(next(reduced), next(reduced)) if x.dtype.is_complex else next(reduced)
+          for x in flat]
 
 
 def _by_dtype(flat, reduce):

@@ -1,9 +1,5 @@
-"""`StrategyEngine`: what `TpuReplicator` does on a `tf.distribute` strategy.
-
-The replicator's own parts (argument checks, inputs and their positions,
-errors) are shared with the in-graph engine; this holds what differs: the
-strategy's scope, its variables and its compiled steps.
-"""
+"""`StrategyEngine`: the `engines.protocol.Engine` of `TpuReplicator`, which runs
+its steps on a `tf.distribute` strategy."""
 
 import contextlib
 from typing import Any, Callable, Optional, Sequence
@@ -42,7 +38,6 @@ class StrategyEngine:
 
   @property
   def created(self):
-    """Every variable made in the scope or in a step, in creation order."""
     return self._creator.created
 
   @contextlib.contextmanager
@@ -53,12 +48,8 @@ class StrategyEngine:
 
   def iterator(self, dataset: tf.data.Dataset, for_host=None):
     """A distributed iterator over `dataset` (consecutive elements to
-    consecutive replicas, one per replica a step).
-
-    On several TPU hosts (a pod slice, one process feeding every host),
-    `for_host(host, hosts, replicas_per_host)` makes each host's own
-    dataset, as `distribute_datasets_from_function` asks for it.
-    """
+    consecutive replicas); on several TPU hosts (a pod slice, one process
+    feeding every host), over each host's dataset that `for_host` makes."""
     if self.hosts > 1:
       return iter(self.strategy.distribute_datasets_from_function(
           lambda context: self.host_dataset(for_host, context)))
@@ -89,9 +80,8 @@ class StrategyEngine:
   def run(self, step_fn: Callable, input_fn: Optional[Callable], iterator,
           element_spec, steps: int, args: Sequence[Any], *,
           count: Callable[[int], None], uneven_batches: bool):
-    """`(steps completed, outputs of the last, False)`: as the in-graph
-    engine's `run`; a TPU's batches are never uneven (their shapes are fixed),
-    and nothing ends a call between its steps."""
+    """As `Engine.run`; a TPU's batches are never uneven (their shapes are
+    fixed), and nothing ends a call between its steps."""
     del uneven_batches  # TpuReplicator refuses datasets of unknown shapes
     step = self._steps.get((step_fn, input_fn))
     if step is None:
@@ -110,7 +100,6 @@ class StrategyEngine:
     return completed, outputs, False
 
   def copies(self, variable) -> Sequence[tf.Variable]:
-    """The local copies of `variable` (a variable this engine made)."""
     inner = getattr(variable, "value", None)  # a Keras 3 variable wraps ours
     if isinstance(inner, tf.Variable) and hasattr(inner, "values"):
       variable = inner

@@ -5,15 +5,12 @@ copy), as Sonnet's own `TpuReplicator` makes them, so that each replica
 applies the optimizer's update to its own copy once the gradients are
 averaged: no all-reduce per write. Any other write inside a step (a moving
 average, a counter) is merged over the replicas at the write, by the rules
-both engines share (`variables.merge_rules`): a float mean (or the variable's
-own `aggregation`), the first replica's value for integers.
+both engines share (`variables.merge_rules`).
 
 Variables that the first trace of a step creates are made in a trace of
-`step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`),
-as `variables.lifting` makes them on both engines: each is created outside
-that trace, under the strategy's scope, and gets the initial value the trace
-computed. TPUStrategy cannot create variables inside its step, which is where
-Sonnet's `TpuReplicator` fails on a lazily built model.
+`step_fn` alone, before `tf.distribute` traces it (`VariableCreator.lifting`):
+TPUStrategy cannot create variables inside its step, which is where Sonnet's
+`TpuReplicator` fails on a lazily built model.
 """
 
 import contextlib
@@ -69,9 +66,7 @@ class _MergedWrites:
     # alone, a packed copy is not what a GradientTape watches, so no gradient
     # would reach the variable: there each copy is read as itself.
     replica = replica_context.current()
-    if replica is not None and replica.alone:
-      return False
-    return super()._use_packed_variable()
+    return (replica is None or not replica.alone) and super()._use_packed_variable()
 
   # As a tf.Variable outside a step: the value (the first replica's copy).
   def __int__(self):
@@ -169,21 +164,7 @@ def _scatter(method: str):
 for _method in merge_rules.SCATTERS:
   setattr(_MergedWrites, _method, _scatter(_method))
 
-_classes = {}
-
-
-def _merging(variable, aggregation, synchronization):
-  """Makes `variable` (a `tf.distribute` variable) merge its writes."""
-  cls = type(variable)
-  if cls not in _classes:
-    _classes[cls] = type(cls.__name__, (_MergedWrites, cls), {})
-  variable.__class__ = _classes[cls]
-  for index, copy in enumerate(variable.values):  # (patches.nested_functions)
-    registry.register_copy(copy, index, variable)
-  variable._replicator_aggregation = aggregation  # pylint: disable=protected-access
-  variable._replicator_rule = merge_rules.Rule.of(  # pylint: disable=protected-access
-      aggregation, variable.dtype, synchronization)
-  return variable
+_classes = {}  # a tf.distribute variable class -> the class that merges its writes
 
 
 class VariableCreator:
@@ -202,13 +183,6 @@ class VariableCreator:
   def __call__(self, next_creator, **kwargs):
     if getattr(_local, "creating", False):  # scopes nested: make it once
       return next_creator(**kwargs)
-    _local.creating = True
-    try:
-      return self._create(next_creator, **kwargs)
-    finally:
-      _local.creating = False
-
-  def _create(self, next_creator, **kwargs):
     aggregation = kwargs.get("aggregation") or _Aggregation.NONE
     synchronization = kwargs.get("synchronization") or tf.VariableSynchronization.AUTO
     # The copies stay identical, so the first replica's copy is the value.
@@ -216,16 +190,28 @@ class VariableCreator:
     if kwargs.get("trainable") is None:  # as tf.Variable decides it
       kwargs["trainable"] = synchronization != _ON_READ
     kwargs["aggregation"] = _Aggregation.ONLY_FIRST_REPLICA
-    variable = None
-    if self._lifting is not None and tf.inside_function():
-      variable = self._lifting.create(next_creator, kwargs)
-      if variable is None:  # a checkpoint's deferred value, read where it is made
-        with tf.init_scope():
-          variable = next_creator(**kwargs)
-    if variable is None:
-      variable = next_creator(**kwargs)
+    _local.creating = True
+    try:
+      if self._lifting is not None and tf.inside_function():
+        variable = self._lifting.create(next_creator, kwargs)
+        if variable is None:  # a checkpoint's deferred value, read where it is made
+          with tf.init_scope():
+            variable = next_creator(**kwargs)
+      else:
+        variable = next_creator(**kwargs)
+    finally:
+      _local.creating = False
     self.created.append(variable)
-    return _merging(variable, aggregation, synchronization)
+    cls = type(variable)
+    if cls not in _classes:
+      _classes[cls] = type(cls.__name__, (_MergedWrites, cls), {})
+    variable.__class__ = _classes[cls]
+    for index, copy in enumerate(variable.values):  # (patches.nested_functions)
+      registry.register_copy(copy, index, variable)
+    variable._replicator_aggregation = aggregation  # pylint: disable=protected-access
+    variable._replicator_rule = merge_rules.Rule.of(  # pylint: disable=protected-access
+        aggregation, variable.dtype, synchronization)
+    return variable
 
   def make(self, next_creator, kwargs, shape, value) -> tf.Variable:
     with tf.init_scope():
