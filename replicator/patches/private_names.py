@@ -153,6 +153,11 @@ USES = (
         why="Variable creators are per thread: each replica's thread starts with the "
         "tracing thread's (read and set).", used_in=(_REPLICA_CONTEXT,)),
     # The in-graph engine.
+    Use(_PY + "eager.polymorphic_function.concrete_function", "ConcreteFunction._call_flat",
+        "method", parameters=("tensor_inputs", "captured_inputs"),
+        why="Calls a step's concrete function with its flat inputs, without "
+        "tf.function's dispatch, which costs as much as a small step.",
+        used_in=("replicator.engines.calls",)),
     Use(_OPS, "Operation._add_control_inputs", "method",
         why="Makes an op with effects wait for the step's gate, and puts back the "
         "orderings an initial value keeps.", used_in=(_EFFECTS, _LIFTING)),

@@ -22,6 +22,7 @@ from tensorflow.python.ops import op_selector
 from replicator import errors
 from replicator.collectives import replica_context
 from replicator.variables import lifting
+from replicator.engines import calls
 from replicator.engines import step_args
 from replicator.engines import step_checks
 from replicator.patches import registry as patches
@@ -56,6 +57,7 @@ class StrategyStep:
     self._num_local = len(strategy.extended.worker_devices)
     self._traced = {}  # args signature -> flat output specs (None for None leaves)
     self._loop = tf.function(self._loop_fn, autograph=False)
+    self._call_loop = calls.ConcreteCall(self._loop)
 
   def __call__(self, iterator, steps: int, args: Sequence[Any]):
     """`(steps completed, outputs of the last one, stacked)`."""
@@ -67,8 +69,8 @@ class StrategyStep:
     if self._trace_only:
       completed, leaves = self._traced_only(iterator, steps, args, signature)
     else:
-      completed, leaves = self._loop(iterator, tf.constant(steps, tf.int64), args,
-                                     signature)
+      completed, leaves = self._call_loop(signature, iterator,
+                                          tf.constant(steps, tf.int64), args, signature)
     stacked = iter(step_checks.stack_over_replicas(list(per_replica), self._step_fn)
                    for per_replica in leaves)
     outputs = tf.nest.pack_sequence_as(
