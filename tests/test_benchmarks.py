@@ -93,6 +93,7 @@ def test_resnet50_equivalent_batch():
 
 def test_a_step_rate_row_carries_the_ratio_of_its_json_and_the_files_target():
   ratios = {"MirroredStrategy / replicator, 1 step/call": 1.234,
+            "replicator 1 step/call / hand-written in-graph 1 step/call": 1.087,
             "replicator 50 steps/call / plain 50-step loop": 1.0456,
             "replicator 50 steps/call / hand-written in-graph 50-step loop": 0.987,
             "replicator 1 replica 50 steps/call / plain 50-step loop": 1.3,

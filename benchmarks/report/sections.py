@@ -40,6 +40,9 @@ def where(r) -> str:
 _STEP_RATE_ROWS = {
     "MirroredStrategy / replicator, 1 step/call":
         "MirroredStrategy / replicator, 1 step/call",
+    "replicator 1 step/call / hand-written in-graph 1 step/call":
+        "replicator 1 step/call / hand-written in-graph 2-replica call "
+        "(the floor for 2 replicas)",
     "replicator 50 steps/call / plain 50-step loop":
         "replicator 50 steps/call / plain 1-device 50-step loop",
     "replicator 50 steps/call / hand-written in-graph 50-step loop":

@@ -2,16 +2,16 @@
 
 Where TensorFlow raises an error type of its own for a case, replicator
 catches that type. These cases share their type with other failures, and the
-message is the one sign: each record (a `private_names.Use` of kind
+message is the one sign: each record (a `uses.Use` of kind
 "message") says which words, where replicator matches them, and why no type
 or field tells the case. `tests/patches/test_private_names.py` provokes each
 error on the TensorFlow installed and matches the words, and fails on a match
 against an error's text in replicator that no record names.
 """
 
-from replicator.patches import private_names
+from replicator.patches import uses
 
-Use = private_names.Use
+Use = uses.Use
 _PY = "tensorflow.python."
 _ERRORS = _PY + "framework.errors_impl"
 _STEP_CHECKS = "replicator.engines.step_checks"

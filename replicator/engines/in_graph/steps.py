@@ -19,6 +19,7 @@ from tensorflow.python.ops import op_selector
 
 from replicator.variables import deferred
 from replicator.collectives import replica_context
+from replicator.engines import calls
 from replicator.engines import step_args
 from replicator.patches import registry as patches
 from replicator.engines import step_checks
@@ -73,7 +74,7 @@ class CompiledStep:
     self._gate = effects.Gate()  # (`_trace_single`)
     self.stop_flag = interrupts.StopFlag()  # what the loop reads before each next step
     self._loop = tf.function(self._trace_loop, autograph=False)
-    self._single = tf.function(self._trace_single, autograph=False)
+    self._single = calls.ConcreteCall(tf.function(self._trace_single, autograph=False))
     # A function of its own even without XLA: Grappler then optimizes the step
     # as one graph (inlined into the loop's `cond`, a GAN step runs slower).
     self._replicated_step = tf.function(self._trace_step, autograph=False,
@@ -126,7 +127,7 @@ class CompiledStep:
         and (iterator is None
              or self._fetcher.sizes_to_compare(iterator.element_spec) is None)):
       try:
-        completed, tensors, status = self._single(iterator, args)
+        completed, tensors, status = self._single(signature, iterator, args)
       except tf.errors.OutOfRangeError as error:
         if effects.RAN_OUT not in (error.message or ""):
           raise  # step_fn's own

@@ -19,6 +19,7 @@ from tensorflow.python.ops import op_selector
 from replicator import errors
 from replicator.collectives import replica_context
 from replicator.variables import lifting
+from replicator.engines import calls
 from replicator.engines import step_args
 from replicator.engines import step_checks
 from replicator.patches import registry as patches
@@ -42,6 +43,7 @@ class StrategyStep:
     self._num_local = len(strategy.extended.worker_devices)
     self._traced = {}  # args signature -> (outputs, the specs of their tensor leaves)
     self._loop = tf.function(self._loop_fn, autograph=False)
+    self._call_loop = calls.ConcreteCall(self._loop)
 
   def __call__(self, iterator, steps: int, args: Sequence[Any]):
     """`(steps completed, outputs of the last one, stacked)`."""
@@ -58,7 +60,7 @@ class StrategyStep:
                                spec.dtype) for _ in range(self._num_local))
                 for spec in specs]
     else:
-      completed, leaves = self._loop(*loop_args)
+      completed, leaves = self._call_loop(signature, *loop_args)
     return int(completed), step_checks.with_nones(structure, (
         step_checks.stack_over_replicas(list(per_replica), self._step_fn)
         for per_replica in leaves))
