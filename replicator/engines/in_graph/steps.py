@@ -75,6 +75,7 @@ class CompiledStep:
     self.stop_flag = interrupts.StopFlag()  # what the loop reads before each next step
     self._loop = tf.function(self._trace_loop, autograph=False)
     self._single = calls.ConcreteCall(tf.function(self._trace_single, autograph=False))
+    self._call_loop = calls.ConcreteCall(self._loop)
     # A function of its own even without XLA: Grappler then optimizes the step
     # as one graph (inlined into the loop's `cond`, a GAN step runs slower).
     self._replicated_step = tf.function(self._trace_step, autograph=False,
@@ -142,7 +143,7 @@ class CompiledStep:
           self._loop.get_concrete_function(*loop_args)
           self._current.loop_traced = True
         hold.start()
-      completed, tensors, status = self._loop(*loop_args)
+      completed, tensors, status = self._call_loop(signature, *loop_args)
       if self._new_variables is not None and self._new_variables.pending():
         why, _ = fetch.decode(int(status))
         if why is fetch.StepStatus.VARIABLES_DIFFER:
