@@ -121,7 +121,8 @@ def test_the_glance_table_has_every_target_of_the_targets_file():
   each row's verdict is its measured figure against its target."""
   (header, rows), = _tables(render.summary_section(render.load_results()))
   assert header == ["target", "wanted", "measured", "where", ""]
-  for benchmark in ("step_rate", "allreduce", "scaling", "gan_step", "resnet50"):
+  for benchmark in ("step_rate", "allreduce", "scaling", "gan_step", "resnet50",
+                    "bn_step_per_worker"):
     for t in filter(targets.judged, targets.of(benchmark)):
       name = re.escape(f"{t['item']}. {t['name']}")
       pattern = re.sub(r"\\\{\w+\\\}", ".+", name)

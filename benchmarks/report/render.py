@@ -115,6 +115,20 @@ def _scaling_rows(name: str, r: dict) -> list:
   return rows
 
 
+def _first_loss_rows(name: str, r: dict) -> list:
+  """Per worker count: MWMS's time to the first loss (its build and first call)
+  over ours (our first call builds the model)."""
+  to_loss = r.get("to_first_loss_s (best of rounds)", {})
+  rows = []
+  for t in targets.of("bn_step_per_worker"):
+    for key in sorted(k for k in to_loss if k.startswith("ours, ")):
+      workers = key.split(", ")[1].split()[0]
+      value = to_loss[f"MWMS, {workers} workers"] / to_loss[key]
+      rows.append([_fill(t, workers=workers), targets.wanted(t), f"{value:.2f}x",
+                   f"{sections.where(r)}, `{name}.json`", targets.verdict(value, t)])
+  return rows
+
+
 def _ratio_rows(benchmark: str, name: str, r: dict, each_round: bool = False) -> list:
   """Rows of targets on a ratio the result records: once ("ratios") or per
   round ("ratios (each round)", judged by their median)."""
@@ -138,7 +152,8 @@ def summary_section(results: dict) -> str:
   for benchmark, make in (("step_rate", _step_rate_rows), ("allreduce", allreduce_rows),
                           ("scaling", _scaling_rows),
                           ("gan_step", lambda n, r: _ratio_rows("gan_step", n, r)),
-                          ("resnet50", lambda n, r: _ratio_rows("resnet50", n, r, True))):
+                          ("resnet50", lambda n, r: _ratio_rows("resnet50", n, r, True)),
+                          ("bn_step_per_worker", _first_loss_rows)):
     for name in targets.summary(benchmark):
       r = results.get(name)
       if r is not None and r.get("device") != "CPU":  # a CPU check of a GPU benchmark
