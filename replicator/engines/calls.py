@@ -38,10 +38,14 @@ class ConcreteCall:
     self._function = function
     self._last = None  # (key, concrete function)
 
-  def __call__(self, key, *inputs):
+  def prepare(self, key, *inputs):
+    """The concrete function for `inputs`, traced now where `key` is new."""
     if self._last is None or self._last[0] != key:
       self._last = (key, self._function.get_concrete_function(*inputs))
-    concrete = self._last[1]
+    return self._last[1]
+
+  def __call__(self, key, *inputs):
+    concrete = self.prepare(key, *inputs)
     flat = _flat_inputs(inputs)
     captured = concrete.captured_inputs
     if flat is None or len(concrete.inputs) != len(flat) + len(captured) or any(

@@ -39,7 +39,6 @@ class _Traced:
     self.tensor_specs = tuple(spec for spec in tf.nest.flatten(output_spec)
                               if spec is not None)
     self.draws_random = draws_random  # whether step_fn has stateful random ops
-    self.loop_traced = False  # whether a held call traced the loop (`__call__`)
 
 
 class CompiledStep:
@@ -137,11 +136,8 @@ class CompiledStep:
       loop_args = (iterator, tf.constant(steps, tf.int64), args,
                    tf.constant(pending, tf.int64) if pending else self._no_pending)
       if hold is not None:  # started once the loop is traced: until then, a signal
-        # raises at once (no step has run). Looking the trace up on every call
-        # would cost a good part of a small step.
-        if not self._current.loop_traced:
-          self._loop.get_concrete_function(*loop_args)
-          self._current.loop_traced = True
+        # raises at once (no step has run).
+        self._call_loop.prepare(signature, *loop_args)
         hold.start()
       completed, tensors, status = self._call_loop(signature, *loop_args)
       if self._new_variables is not None and self._new_variables.pending():
