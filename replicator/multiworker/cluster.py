@@ -5,6 +5,7 @@ Workers talk through TensorFlow's own collective ops over gRPC (the engine of
 authenticated: run them on a trusted network only.
 """
 
+import contextlib
 import itertools
 import os
 import threading
@@ -109,6 +110,11 @@ class CollectiveKeys:
   _SHAPE_KEYS = 1 << 29
   _CLASSES_PER_SLOT = 1 << 12
   _SLOTS = ((1 << 30) - (1 << 29)) // _CLASSES_PER_SLOT
+  # Keys derived from a replayed key (`replaying`): `_DERIVED_PER_BASE` for each
+  # of the first `_DERIVED_BASES` keys, above the checks' range and under 2**31.
+  _DERIVED_KEYS = 3 << 29
+  _DERIVED_PER_BASE = 1 << 5
+  _DERIVED_BASES = (1 << 29) // _DERIVED_PER_BASE
 
   def __init__(self, num_workers: int, worker_index: int, timeout_s: float):
     self.num_workers = num_workers
@@ -123,15 +129,68 @@ class CollectiveKeys:
     # (`host_is_crowded`): buckets go one at a time by default.
     self.crowded = False
     self._signatures = {}  # key -> what its collective carries
+    # In `replaying`: (the keys `next` gives again, the derived keys after them).
+    self._replay = None
     self._checks = itertools.count(self._CHECK_KEYS)
     self._lock = threading.Lock()
 
   def next(self, signature=None) -> int:
-    """A new key, for a collective of `signature` (its kind, dtype and shape)."""
+    """A new key, for a collective of `signature` (its kind, dtype and shape);
+    in `replaying`, the next of its keys."""
     with self._lock:
+      if self._replay is not None:
+        return self._replayed(signature)
       self.issued += 1
       self._signatures[self.issued] = signature
       return self.issued
+
+  @contextlib.contextmanager
+  def recorded(self):
+    """Yields a list that holds, once the block ends, the keys issued in it."""
+    first = self.issued
+    keys = []
+    yield keys
+    keys.extend(range(first + 1, self.issued + 1))
+
+  @contextlib.contextmanager
+  def replaying(self, keys):
+    """In the block, `next` gives `keys` again (`recorded`'s, each for a
+    collective of the signature it had), then keys derived from the first of
+    them, not counted: a function that stands for another on other workers
+    (the loop of several steps for the function of one) pairs its first
+    collectives with the other's, and one traced later on some workers than on
+    others (lazily) takes the same keys everywhere without moving the counter."""
+    if not keys or keys[0] >= self._DERIVED_BASES:
+      raise ValueError(f"keys: {keys} cannot be replayed (one at least, each under "
+                       f"{self._DERIVED_BASES}).")
+    first = self._DERIVED_KEYS + keys[0] * self._DERIVED_PER_BASE
+    self._replay = (list(keys), iter(range(first, first + self._DERIVED_PER_BASE)))
+    try:
+      yield
+      if self._replay[0]:
+        raise RuntimeError(
+            f"cluster: keys {self._replay[0]} were to be given again and no "
+            "collective took them: two functions meant to share their collectives "
+            "traced different ones.")
+    finally:
+      self._replay = None
+
+  def _replayed(self, signature) -> int:
+    pending, derived = self._replay
+    if not pending:
+      key = next(derived, None)
+      if key is None:
+        raise RuntimeError(
+            f"cluster: more than {self._DERIVED_PER_BASE} collectives were traced "
+            "after replayed keys; they have no keys left.")
+      return key
+    key = pending.pop(0)
+    if self._signatures.get(key) != signature:
+      raise RuntimeError(
+          f"cluster: a collective of {signature} was traced where key {key} "
+          f"({self._signatures.get(key)}) was to be given again: two functions "
+          "meant to share their collectives traced different ones.")
+    return key
 
   def key_for_size_class(self, size_class: tf.Tensor) -> tf.Tensor:
     """A new collective's instance key, at run time, for its `size_class` (an

@@ -55,6 +55,26 @@ def main():
     print(f"STEPS {error}", flush=True)
   print(f"AFTER {repl.run(step_fn, steps=2).numpy()[0].tolist()}", flush=True)
 
+  def numbers(ctx):  # worker w's elements: 100 w, 100 w + 1, ...
+    return tf.data.Dataset.range(100).map(lambda i: tf.cast(i + 100 * worker, tf.float32))
+
+  def sum_of_batches(x):
+    return repl.all_sum(x)
+
+  def loops_traced():  # the number of traces of the step's loop on this worker
+    compiled = repl._engine._steps[(sum_of_batches, numbers)]  # pylint: disable=protected-access
+    return compiled._loop.experimental_get_tracing_count()  # pylint: disable=protected-access
+
+  try:  # the same with input: the one-step function against the loop of two
+    repl.run(sum_of_batches, numbers, steps=1 + worker)
+    print("INPUT_STEPS ran", flush=True)
+  except ValueError as error:
+    print(f"INPUT_STEPS {error}", flush=True)
+  print(f"INPUT_LOOPS {loops_traced()}", flush=True)
+  # the loop, traced now on the chief and before on the other worker
+  print(f"INPUT_AFTER {repl.run(sum_of_batches, numbers, steps=2).numpy().tolist()} "
+        f"{loops_traced()}", flush=True)
+
   def numerics_fn():  # v reaches 6 in these steps: inf on every worker
     v.assign_add(tf.ones([3]))
     tf.debugging.check_numerics(v / (v - 6.0), "v hit 6")

@@ -464,6 +464,14 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
         "different number of steps, so only the first step ran, on every worker" \
         in lines["STEPS"], out
     assert lines["AFTER"] == "AFTER [10.0, 10.0, 10.0]", out  # 1 + 1 + 3 steps, 2 workers
+    # With input no step runs: the one-step function (worker 0) and the loop
+    # (worker 1) compare `steps` in their first fetch, under one key; the
+    # refused call's batches (0 and 100) are not run. Then the loop, traced
+    # at different times on the two workers, pairs its collectives.
+    assert f"called run(sum_of_batches, steps={1 + w}) and another worker asked " \
+        "for a different number of steps, so no step ran" in lines["INPUT_STEPS"], out
+    assert lines["INPUT_LOOPS"] == f"INPUT_LOOPS {w}", out  # one step: no loop
+    assert lines["INPUT_AFTER"] == "INPUT_AFTER [104.0] 1", out  # (2 + 102): the second step
     assert lines["NUMERICS"] == "NUMERICS InvalidArgumentError", out
     # an extra collective on the chief: an error on each worker, then steps run on
     traced = re.search(r"BRANCH step_fn: branching_fn traced (\d+) cross-worker "

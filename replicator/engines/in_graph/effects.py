@@ -7,8 +7,10 @@ import contextlib
 
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
+from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import summary_ops_v2
 
+from replicator.inputs import fetch
 from replicator.variables import lifting
 
 
@@ -31,7 +33,7 @@ def draws_from_kernel_state(graph, initializers=frozenset()) -> bool:
 
 
 # The gate's op (`Gate`): an OutOfRangeError whose message names it means the
-# data ran out (the message is the one sign: patches/error_texts.py).
+# step did not run (the message is the one sign: patches/error_texts.py).
 RAN_OUT = "replicator_input_ran_out"
 GATE_SPEC = tf.TensorSpec([], tf.int64)
 
@@ -41,24 +43,35 @@ def open_gate() -> tf.Tensor:
 
 
 class Gate:
-  """Makes tensors that raise `OutOfRangeError` (from an op in `RAN_OUT`) unless ready.
+  """Makes tensors that raise `OutOfRangeError` (from an op in `RAN_OUT`)
+  unless a fetch's status (`inputs.fetch`) is ready, keeping that status.
 
-  The `get_next` of an empty iterator (one per compiled step, made at its
-  first gate) is the cheapest op that raises it.
+  The `get_next` of an empty iterator is the cheapest op that raises it. The
+  status travels in a host variable of no replicator (as `interrupts.StopFlag`),
+  written only where the gate raises: `why` reads it.
   """
 
   def __init__(self):
-    self._empty = None
+    with tf.init_scope(), tf.device("/device:CPU:0"):
+      self._empty = iter(tf.data.Dataset.range(0))
+      self._why = resource_variable_ops.ResourceVariable(
+          tf.constant(0, tf.int64), trainable=False, name="replicator_why_not_run")
 
-  def __call__(self, ready: tf.Tensor) -> tf.Tensor:
-    if self._empty is None:
-      with tf.init_scope(), tf.device("/cpu:0"):
-        self._empty = iter(tf.data.Dataset.range(0))
+  def __call__(self, status: tf.Tensor) -> tf.Tensor:
+    """A gate for `status`: a bool (false: out of data) or an int64 status."""
+    code = (tf.where(status, fetch.status_tensor(fetch.StepStatus.READY),
+                     fetch.status_tensor(fetch.StepStatus.OUT_OF_DATA))
+            if status.dtype == tf.bool else status)
 
     def ran_out():
-      with tf.name_scope(RAN_OUT):
+      kept = tf.raw_ops.AssignVariableOp(resource=self._why.handle, value=code)
+      with tf.control_dependencies([kept]), tf.name_scope(RAN_OUT):
         return self._empty.get_next()
-    return tf.cond(ready, open_gate, ran_out)
+    return tf.cond(fetch.is_ready(status), open_gate, ran_out)
+
+  def why(self) -> int:
+    """The encoded status of the last call its gate stopped."""
+    return int(self._why.numpy())
 
 
 def hold_effects(ops, gate: tf.Tensor):

@@ -39,6 +39,10 @@ class _Traced:
     self.tensor_specs = tuple(spec for spec in tf.nest.flatten(output_spec)
                               if spec is not None)
     self.draws_random = draws_random  # whether step_fn has stateful random ops
+    # On several workers, with input: the instance keys of the first fetch's
+    # collective, which the one-step function and the loop share
+    # (`CompiledStep._first_collective`).
+    self.first_keys = None
 
 
 class CompiledStep:
@@ -91,9 +95,29 @@ class CompiledStep:
                                                   creating=not self._traced)
     self._current = self._traced[signature]
     pending = 0  # the digest of variables to send after the call (none)
+    # One step runs without the loop's per-call overhead (a large part of a small
+    # model's step) and without the loop's compilation (seconds for a large
+    # model's first step): where one step is asked for, and the step draws no
+    # random numbers (those run in the loop, so that one stream advances whatever
+    # `steps` each call asks for). On several workers, only with input: the
+    # one-step function and the loop then compare the workers' `steps` in their
+    # first fetch, before any step, under one key (`_first_collective`), so
+    # a worker asking for one step and another for more both stop with
+    # STEPS_DIFFER, where collectives of different keys would wait for each
+    # other forever. (Without input the loop's first step runs beside that
+    # comparison, inside the `tf.while_loop`, whose collectives pair only with
+    # collectives of the same loop.)
+    single = (steps == 1 and not self._current.draws_random
+              and (self._keys is None or iterator is not None))
     if new and self._keys is not None:
-      self._loop.get_concrete_function(iterator, tf.constant(steps, tf.int64), args,
-                                       self._no_pending)
+      # Every worker traces here the function whose keys are counted, whatever
+      # `steps` it asked for, so that the keys of later traces match; a loop
+      # traced later, where a worker first asks for several steps, counts none.
+      if iterator is None:
+        self._call_loop.prepare(signature, iterator, tf.constant(steps, tf.int64), args,
+                                self._no_pending)
+      else:
+        self._single.prepare(signature, iterator, args, self._no_pending)
       # The chief's initial values (of those made in repl.context() since the
       # last run too) travel after the check, in collectives whose keys follow
       # the step's, which workers that traced other programs share only once
@@ -111,42 +135,43 @@ class CompiledStep:
       self._new_variables.send()
     elif self._new_variables is not None:  # made in repl.context() since the last run
       # This step was traced before they existed, so it cannot use them: the
-      # loop's comparison of `steps` also compares them, and they travel after
-      # the call, only where every worker made the same (else the workers
-      # that made none would never join the collectives that send them).
+      # first collective's comparison of `steps` also compares them, and they
+      # travel after the call, only where every worker made the same (else the
+      # workers that made none would never join the collectives that send them).
       pending = self._new_variables.digest()
-    # The common case without the loop's per-call overhead (a large part of a
-    # small model's step): one step where running out of data is the one way to
-    # stop. A step that draws random numbers runs in the loop, so that one stream
-    # advances whatever `steps` each call asks for; so does every step on several
-    # workers (the loop checks that they asked for the same `steps`: compiled
-    # functions' collectives have different keys, so workers running different
-    # numbers of steps would wait for each other forever), and every step whose
-    # batch sizes are compared at run time.
-    if (steps == 1 and not self._current.draws_random and self._keys is None
-        and (iterator is None
-             or self._fetcher.sizes_to_compare(iterator.element_spec) is None)):
+    pending = tf.constant(pending, tf.int64) if pending else self._no_pending
+    if single:
       try:
-        completed, tensors, status = self._single(signature, iterator, args)
+        completed, tensors, status = self._single(signature, iterator, args, pending)
       except tf.errors.OutOfRangeError as error:
         if effects.RAN_OUT not in (error.message or ""):
           raise  # step_fn's own
-        completed, tensors, status = 0, self._initial_outputs(), fetch.StepStatus.OUT_OF_DATA
+        completed, tensors, status = 0, self._initial_outputs(), self._gate.why()
     else:
-      loop_args = (iterator, tf.constant(steps, tf.int64), args,
-                   tf.constant(pending, tf.int64) if pending else self._no_pending)
+      loop_args = (iterator, tf.constant(steps, tf.int64), args, pending)
       if hold is not None:  # started once the loop is traced: until then, a signal
         # raises at once (no step has run).
         self._call_loop.prepare(signature, *loop_args)
         hold.start()
       completed, tensors, status = self._call_loop(signature, *loop_args)
-      if self._new_variables is not None and self._new_variables.pending():
-        why, _ = fetch.decode(int(status))
-        if why is fetch.StepStatus.VARIABLES_DIFFER:
-          self.variables_differ = self._new_variables.keep_each_workers()
-        elif why is not fetch.StepStatus.STEPS_DIFFER:
-          self._new_variables.send()
+    if self._new_variables is not None and self._new_variables.pending():
+      why, _ = fetch.decode(int(status))
+      if why is fetch.StepStatus.VARIABLES_DIFFER:
+        self.variables_differ = self._new_variables.keep_each_workers()
+      elif why is not fetch.StepStatus.STEPS_DIFFER:
+        self._new_variables.send()
     return completed, step_checks.with_nones(self._current.output_spec, tensors), status
+
+  @contextlib.contextmanager
+  def _first_collective(self):
+    """Around the one-step function's first fetch, on several workers: its
+    keys, which the loop takes again for its own (`_trace_loop`)."""
+    if self._keys is None:
+      yield
+      return
+    with self._keys.recorded() as keys:
+      yield
+    self._current.first_keys = keys
 
   def _replica_scope(self, creating: bool):
     summaries = effects.summary_state()
@@ -227,28 +252,46 @@ class CompiledStep:
       return tf.zeros([n] + [d or 0 for d in dims], spec.dtype)
     return tuple(zeros(spec) for spec in self._current.tensor_specs)
 
-  def _trace_single(self, iterator, args):
-    """One step, run only if every replica got its batch: after a gate that
-    raises `OutOfRangeError` (caught in `__call__`) where the data ran out, and
+  def _trace_single(self, iterator, args, pending):
+    """One step, run only if every replica got its batch (and, on several
+    workers, every worker asked for one step and made the same variables since
+    its last run): after a gate that raises `OutOfRangeError` (caught in
+    `__call__`, the status kept in the gate) where the step may not run, and
     that its ops with effects wait for (`effects.hold_effects`). Unlike in a
     `tf.cond`, its variables need no `Switch` each, so Grappler has fewer nodes
     to optimize and the first step comes sooner; and an OutOfRange is the error
     TensorFlow logs least (on several devices, INFO lines of cancelled receives).
+    Its result is the loop's for `steps=1`.
     """
     n = len(self._devices)
-    if iterator is None:
+    if iterator is None:  # (alone: on several workers the loop runs it)
       outputs = self._replicated_step([None] * n, args, effects.open_gate())
+      status = fetch.status_tensor(fetch.StepStatus.READY)
     else:
-      optionals, ready = self._fetcher.fetch(iterator)  # a bool (`__call__`)
-      gate = self._gate(ready)
+      compared = {} if self._keys is None else dict(
+          steps=tf.constant(1, tf.int64), pending=pending, signum=self.stop_flag.signal())
+      with self._first_collective():
+        optionals, status = self._fetcher.fetch(iterator, **compared)
+      gate = self._gate(status)
       with tf.control_dependencies([gate]):  # (the batches wait too)
         batches = [(o.get_value(),) for o in optionals]
       outputs = self._replicated_step(batches, args, gate)
+      status = fetch.status_tensor(fetch.StepStatus.DONE)
     step_checks.check_variables(tf.compat.v1.get_default_graph(), len(self._devices))
-    return (tf.constant(1, tf.int64), outputs,
-            fetch.why_stopped(fetch.status_tensor(fetch.StepStatus.READY)))
+    return tf.constant(1, tf.int64), outputs, status
 
   def _trace_loop(self, iterator, steps, args, pending):
+    """See `_while_loop`. On several workers, with input, its first fetch
+    takes the one-step function's keys, and its other collectives keys derived
+    from them, so that workers pair them whenever each traced it
+    (`CollectiveKeys.replaying`); both fetch outside any `tf.while_loop`, where
+    collectives pair only with those of the same loop."""
+    if self._keys is None or iterator is None:
+      return self._while_loop(iterator, steps, args, pending)
+    with self._keys.replaying(self._current.first_keys):
+      return self._while_loop(iterator, steps, args, pending)
+
+  def _while_loop(self, iterator, steps, args, pending):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
 
     The next step's batches are fetched at the end of each iteration and

@@ -229,11 +229,13 @@ def test_a_step_runs_only_on_batches_of_one_size(name, short):
   last = 2 * n + np.arange(n) if runs_short_step else n + np.arange(n)
   want = [(2 if runs_short_step else 4) * i for i in last]
   np.testing.assert_array_equal(info.value.outputs.numpy(), want)
-  repl.reset_input(input_fn)  # the same with one step per call
-  for _ in range(info.value.steps_completed):
+  repl.reset_input(input_fn)  # the same with one step per call (without a loop:
+  for _ in range(info.value.steps_completed):  # its gate keeps why it stopped)
     repl.run(step_fn, input_fn)
-  with pytest.raises(replicator.InputExhausted):
+  with pytest.raises(replicator.InputExhausted) as info_one:
     repl.run(step_fn, input_fn)
+  assert info_one.value.steps_completed == 0
+  assert info_one.value.uneven_batches == (not runs_short_step)
   assert int(steps_taken) == 2 * info.value.steps_completed
 
 
