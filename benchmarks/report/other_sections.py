@@ -81,10 +81,13 @@ def bn_step_section(r, command=None):
          "`BatchNormalization(synchronized=True)`; " if synchronized else
          "ours: Sonnet with `snt.BatchNorm`, whose moving averages the replicator "
          "averages over the workers where they differ; MWMS: Keras with "
-         "`BatchNormalization(synchronized=False)`; ")
+         "`BatchNormalization(synchronized=False)`; "
+         + ("ours, Keras model: MWMS's Keras model under the replicator, built in "
+            "`repl.context()`, so the library meets MWMS on one model; "
+            if any(k.startswith("ours, Keras model") for k in ms) else ""))
       + f"trainable parameters: {parameters}; ms: worker 0's median call of {r['iters']}, "
       "one step a call, best of the rounds; first call: ours builds the model in it, "
-      "MWMS before it, the two timed one after the other, ours first in odd rounds; "
+      "MWMS before it, timed one after the other, ours first in odd rounds; "
       "the losses differ because the initial values do"
       + ("; the moving averages: whether every worker held the same bits after the "
          "timed calls, in every round (a CRC of their bytes, gathered)" if alike else "")
@@ -93,7 +96,17 @@ def bn_step_section(r, command=None):
             + (["build (MWMS: eagerly, before its step) + first call, s"] if to_loss else [])
             + ["worker 0's loss after the same steps"]
             + (["moving averages the same on every worker"] if alike else [])),
-      _mwms_over_ours_table(r)])
+      _mwms_over_ours_table(r)] + ([_first_loss_table(to_loss)] if to_loss else []))
+
+
+def _first_loss_table(to_loss: dict) -> str:
+  """MWMS's time to the first loss over each of ours, per worker count."""
+  rows = []
+  for key in to_loss:
+    name, workers = key.rsplit(", ", 1)
+    if name != "MWMS":
+      rows.append([workers, name, f"{to_loss[f'MWMS, {workers}'] / to_loss[key]:.2f}x"])
+  return table(rows, ["workers", "ours", "MWMS / ours, to the first loss (best of rounds)"])
 
 
 def gpu_check_section(r, command=None):

@@ -121,8 +121,8 @@ def _first_loss_rows(name: str, r: dict) -> list:
   to_loss = r.get("to_first_loss_s (best of rounds)", {})
   rows = []
   for t in targets.of("bn_step_per_worker"):
-    for key in sorted(k for k in to_loss if k.startswith("ours, ")):
-      workers = key.split(", ")[1].split()[0]
+    for key in sorted(k for k in to_loss if k.rsplit(", ", 1)[0] == "ours"):
+      workers = key.rsplit(", ", 1)[1].split()[0]
       value = to_loss[f"MWMS, {workers} workers"] / to_loss[key]
       rows.append([_fill(t, workers=workers), targets.wanted(t), f"{value:.2f}x",
                    f"{sections.where(r)}, `{name}.json`", targets.verdict(value, t)])

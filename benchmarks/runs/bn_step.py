@@ -26,7 +26,11 @@ instead (the large-minibatch recipe's default, and `examples/resnet`'s): ours
 `snt.BatchNorm`, whose moving averages the replicator keeps the same on every
 worker, MWMS `BatchNormalization(synchronized=False)`. Each worker then also
 reports whether every worker's moving averages hold the same bits (a CRC of
-their bytes, gathered), on each side.
+their bytes, gathered), on each side. A third side then runs MWMS's own Keras
+model under the replicator ("ours, Keras model": built in `repl.context()`,
+the optimizer's slots made in the first call), so that the library is also
+compared with MWMS on one model: the two models cost different times to trace
+and compile.
 
   python -m benchmarks.runs.bn_step [--workers 2] [--rounds 3] [--iters 15] [--batch 4]
       [--statistics global|per-worker] [--json out.json]
@@ -44,6 +48,7 @@ import zlib
 from benchmarks.runs import common
 
 VARIANTS = ("ours", "MWMS")
+SAME_MODEL = "ours, Keras model"  # MWMS's model under the replicator (per-worker only)
 PARAMETERS = 23_528_522  # Sonnet's ResNet-50 v1.5 with 10 classes
 _CLASSES = 10
 _IMAGE = 32
@@ -130,6 +135,28 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int,
                     model.trainable_variables)
     return loss
   input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input
+  variants = VARIANTS if synchronized else (VARIANTS[0], SAME_MODEL, VARIANTS[1])
+  models_of = {"ours": model}
+  calls = {"ours": lambda: repl.run(step_fn, input_fn)[0]}
+  if not synchronized:  # (Keras' synchronized batch norm needs tf.distribute)
+    same_ds = make_ds()
+    start = time.perf_counter()
+    with repl.context():
+      models_of[SAME_MODEL] = keras_resnet50(keras, _CLASSES, synchronized=False)
+      same_optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+    build_s[SAME_MODEL] = time.perf_counter() - start
+
+    def same_model_step(b):
+      x, y = b
+      same = models_of[SAME_MODEL]
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            y, same(x, training=True)))
+      same_optimizer.apply(tape.gradient(loss, same.trainable_variables),
+                           same.trainable_variables)
+      return loss
+    same_input_fn = lambda ctx: same_ds
+    calls[SAME_MODEL] = lambda: repl.run(same_model_step, same_input_fn)[0]
 
   mwms_ds = make_ds()
   start = time.perf_counter()
@@ -156,27 +183,27 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int,
   def step(it):
     return strategy.experimental_local_results(strategy.run(replica_fn, (next(it),)))[0]
 
-  calls = {"ours": lambda: repl.run(step_fn, input_fn)[0], "MWMS": lambda: step(iterator)}
+  calls["MWMS"] = lambda: step(iterator)
+  models_of["MWMS"] = keras_model
   first_call_s = {}
-  for name in (VARIANTS if ours_first else VARIANTS[::-1]):
+  for name in (variants if ours_first else variants[::-1]):
     start = time.perf_counter()
     calls[name]().numpy()
     first_call_s[name] = time.perf_counter() - start
   # One more untimed call each: the first one does the tracing (and, ours, the building).
   seconds = common.median_seconds_alternating(calls, iters, warmup=1)
-  parameters = {"ours": count(model.trainable_variables),  # built in the first call
-                "MWMS": count(keras_model.trainable_variables)}
+  # (ours builds its Sonnet model in the first call)
+  parameters = {name: count(m.trainable_variables) for name, m in models_of.items()}
   losses = {name: float(call()) for name, call in calls.items()}
   # Whether every worker holds the same moving averages, on each side: a CRC of
   # their bytes, gathered over the workers by MWMS.
-  crcs = tf.constant([[zlib.crc32(b"".join(v.numpy().tobytes() for v in variables))
-                       for variables in (
-                           [v for v in model.variables if not v.trainable],
-                           keras_model.non_trainable_weights)]], tf.int64)
+  averages = {name: ([v for v in m.variables if not v.trainable] if name == "ours"
+                     else m.non_trainable_weights) for name, m in models_of.items()}
+  crcs = tf.constant([[zlib.crc32(b"".join(v.numpy().tobytes() for v in averages[name]))
+                       for name in variants]], tf.int64)
   every = strategy.experimental_local_results(strategy.run(
       lambda: tf.distribute.get_replica_context().all_gather(crcs, axis=0)))[0].numpy()
-  same = {"ours": bool((every[:, 0] == every[0, 0]).all()),
-          "MWMS": bool((every[:, 1] == every[0, 1]).all())}
+  same = {name: bool((every[:, i] == every[0, i]).all()) for i, name in enumerate(variants)}
   print("RESULT " + json.dumps(
       {name: {"ms_per_step": 1e3 * seconds[name], "first_call_s": first_call_s[name],
               "build_s": build_s[name], "loss": losses[name],
@@ -213,7 +240,7 @@ def main():
            "--batch", str(args.batch), "--iters", str(args.iters),
            "--statistics", args.statistics],
           workers)
-      for variant in VARIANTS:
+      for variant in results:
         result = results[variant]
         key = f"{variant}, {workers} workers"
         if result["parameters"] != PARAMETERS:

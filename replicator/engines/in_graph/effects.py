@@ -59,11 +59,9 @@ class Gate:
 
   def __call__(self, status: tf.Tensor) -> tf.Tensor:
     """A gate for `status`: a bool (false: out of data) or an int64 status."""
-    code = (tf.where(status, fetch.status_tensor(fetch.StepStatus.READY),
-                     fetch.status_tensor(fetch.StepStatus.OUT_OF_DATA))
-            if status.dtype == tf.bool else status)
-
-    def ran_out():
+    def ran_out():  # (a bool status is false here: out of data)
+      code = (fetch.status_tensor(fetch.StepStatus.OUT_OF_DATA)
+              if status.dtype == tf.bool else status)
       kept = tf.raw_ops.AssignVariableOp(resource=self._why.handle, value=code)
       with tf.control_dependencies([kept]), tf.name_scope(RAN_OUT):
         return self._empty.get_next()
