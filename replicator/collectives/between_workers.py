@@ -59,6 +59,27 @@ def across_workers(value: tf.Tensor, merge_op: str, keys,
   return total
 
 
+# What `CollectiveBcastSendV2` carries; other dtypes travel as int32 words.
+_BROADCAST = frozenset({tf.bool, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64})
+
+
+def from_chief(value: tf.Tensor, keys, is_chief: bool) -> tf.Tensor:
+  """The chief's `value` (of a static shape) on every worker, bit for bit: one
+  broadcast, which carries half the bytes of a sum to which only the chief
+  gives its value. The others' `value` gives only the shape and dtype."""
+  if keys is None or keys.num_workers == 1:
+    return value
+  if value.dtype not in _BROADCAST:
+    words = from_chief(wire.to_words(value), keys, is_chief)
+    return wire.from_words(words, value.dtype)
+  options = dict(group_size=keys.num_workers, group_key=keys.group_key,
+                 instance_key=keys.next(_signature("Broadcast", value)),
+                 communication_hint="ring", timeout=keys.timeout_s)
+  if is_chief:
+    return collective_ops.broadcast_send_v2(value, **options)
+  return collective_ops.broadcast_recv_v2(value.shape.as_list(), value.dtype, **options)
+
+
 def same_shape_everywhere(value: tf.Tensor, keys) -> tf.Tensor:
   """`value` once every worker's is found to have its shape; else an error on each.
 

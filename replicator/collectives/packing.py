@@ -82,6 +82,14 @@ def pack(tensors: Sequence[tf.Tensor], layout: Layout) -> tf.Tensor:
   return tf.concat(parts, 0)
 
 
+def packed_shape(layout: Layout) -> tf.TensorShape:
+  """The shape of `pack`'s tensor for `layout`."""
+  if len(layout.shapes) == 1:
+    return tf.TensorShape(layout.shapes[0])
+  return tf.TensorShape([sum(shape.num_elements() for shape in layout.shapes)
+                         + sum(layout.padding)])
+
+
 def unpack(packed: tf.Tensor, layout: Layout) -> List[tf.Tensor]:
   """The tensors of `packed` (or of its reduction), in their shapes."""
   if len(layout.shapes) == 1:

@@ -99,21 +99,21 @@ class Peers:
     """Every copy of `variables` takes the chief's first copy's value.
 
     Eagerly (a function to trace would cost a large model's first call more
-    than the values' travel does), packed as gradients are: a few collectives,
-    not one per variable. `steps_completed`: as for `merge`.
+    than the values' travel does), packed as gradients are, and broadcast: a
+    few collectives, not one per variable. `steps_completed`: as for `merge`.
     """
     try:
       fixed = [v for v in variables if v.shape.is_fully_defined()]
       with tf.device(self._device):
         values = [variable.replicas[0].read_value() for variable in fixed]
         fixed, values = self._differing(fixed, values)
-        if not self._mesh.is_chief:
-          values = [tf.zeros_like(value) for value in values]
         synced = [None] * len(values)
         for group in packing.buckets(values, _SYNC_PACK_BYTES):
-          layout = packing.Layout.of([values[i].shape for i in group], values[group[0]].dtype)
-          total = between_workers.across_workers(
-              packing.pack([values[i] for i in group], layout), "Add", self._keys)
+          dtype = values[group[0]].dtype
+          layout = packing.Layout.of([values[i].shape for i in group], dtype)
+          packed = (packing.pack([values[i] for i in group], layout) if self._mesh.is_chief
+                    else tf.zeros(packing.packed_shape(layout), dtype))  # (its shape only)
+          total = between_workers.from_chief(packed, self._keys, self._mesh.is_chief)
           for i, value in zip(group, packing.unpack(total, layout)):
             synced[i] = value
       for variable, value in zip(fixed, synced):

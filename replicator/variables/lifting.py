@@ -18,6 +18,7 @@ trace, another replica's), naming it as `describe` does.
 
 import collections
 import contextlib
+import threading
 from typing import Callable, List, Optional, Protocol, Tuple
 
 import numpy as np
@@ -87,8 +88,13 @@ class Lifting:
     return {op.name for op in ops
             if all(consumer in ops for output in op.outputs for consumer in output.consumers())}
 
-  def initialize(self):
-    """Assigns the initial values of the variables made so far (see above)."""
+  def initialize(self, background: bool = False) -> Optional["Running"]:
+    """Assigns the initial values of the variables made so far (see above).
+
+    With `background`, the function that computes them runs on a thread of
+    its own (its kernels release Python's lock), so the caller can trace on
+    meanwhile: returns the `Running` to wait for, or None where nothing runs.
+    """
     lifted, self._lifted = self._lifted, []
     with tf.init_scope():
       lifted = [entry for entry in lifted if not self._maker.holds_value(entry[0])]
@@ -97,7 +103,7 @@ class Lifting:
           self._maker.assign(variable, value)
     lifted = [entry for entry in lifted if tf.is_symbolic_tensor(entry[1])]
     if not lifted:
-      return
+      return None
     earlier = frozenset()
     for variable, _, ops in lifted:
       earlier |= ops
@@ -113,11 +119,39 @@ class Lifting:
         for variable, value, _ in batch:
           self._maker.assign(variable, copies[value])
 
-    with tf.init_scope(), _without_grappler():
+    with tf.init_scope():
       # Called as a concrete function: tf.function warns of "retracing" when
       # closures of one code object are traced again and again (one per step
       # that builds a model; a sweep builds many).
-      tf.function(initialize, autograph=False).get_concrete_function()()
+      function = tf.function(initialize, autograph=False).get_concrete_function()
+    running = Running(function)
+    if not background:
+      running.wait()
+      return None
+    return running
+
+
+class Running:
+  """A function of no arguments run once, without Grappler, on a thread of its own."""
+
+  def __init__(self, function: Callable[[], object]):
+    self._error = None
+    self._thread = threading.Thread(target=self._run, args=(function,),
+                                    name="replicator-initial-values", daemon=True)
+    self._thread.start()
+
+  def _run(self, function):
+    try:
+      with _without_grappler():
+        function()
+    except BaseException as error:  # pylint: disable=broad-except
+      self._error = error  # raised by `wait`, on the caller's thread
+
+  def wait(self):
+    """Returns once the function ran; raises its error."""
+    self._thread.join()
+    if self._error is not None:
+      raise self._error
 
 
 def zeros_of(shape: tf.TensorShape, value: tf.Tensor) -> tf.Tensor:

@@ -162,12 +162,15 @@ def main():
 
   # Initial values that every worker computed alike do not travel; the others
   # are the chief's. What crosses eagerly (the sends, and their digests' check):
-  sent, across_workers = [], between_workers.across_workers
-  def counted(value, *args, **kwargs):
-    if tf.executing_eagerly():
-      sent.append(value.shape.num_elements())
-    return across_workers(value, *args, **kwargs)
-  between_workers.across_workers = counted
+  sent, across_workers, from_chief = [], between_workers.across_workers, between_workers.from_chief
+  def counted(collective):
+    def run(value, *args, **kwargs):
+      if tf.executing_eagerly():
+        sent.append(value.shape.num_elements())
+      return collective(value, *args, **kwargs)
+    return run
+  between_workers.across_workers = counted(across_workers)
+  between_workers.from_chief = counted(from_chief)
   with repl.context():
     alike = tf.Variable(tf.zeros([5000]))  # the same bits everywhere: not sent
     mine = tf.Variable(tf.fill([3], 1.0 + worker))  # the chief's: sent
@@ -175,9 +178,21 @@ def main():
   def alike_fn():
     return repl.all_sum(v.read_value())
   repl.run(alike_fn)
-  between_workers.across_workers = across_workers
-  print(f"ALIKE_SENT {max(sent) < 5000} {sum(alike.numpy())} {mine.numpy().tolist()}",
-        flush=True)
+  between_workers.across_workers, between_workers.from_chief = across_workers, from_chief
+  print(f"ALIKE_SENT {max(sent) < 5000} {3 in sent} {sum(alike.numpy())} "
+        f"{mine.numpy().tolist()}", flush=True)
+
+  # Each dtype takes the chief's values bit for bit: those the broadcast
+  # carries, and the others as int32 words (-0.0 and a NaN's payload too).
+  special = np.array([-0.0, np.nan, 1.5 + worker], np.float32)
+  with repl.context():
+    kinds = [tf.Variable(tf.constant(special, dtype)) for dtype in (tf.float32, tf.bfloat16)]
+    kinds += [tf.Variable(tf.cast(tf.constant([worker, 1 - worker]), dtype))
+              for dtype in (tf.int8, tf.bool, tf.int64, tf.complex64)]
+  repl.run(alike_fn)
+  bits = lambda k: tf.io.serialize_tensor(k.read_value()).numpy().hex()
+  print(f"DTYPES {' '.join(map(bits, kinds))} {kinds[0].numpy()[2]} "
+        f"{kinds[2].numpy().tolist()}", flush=True)
 
   def shapes_fn():  # as many collectives, of another shape on the chief
     return repl.all_sum(v.read_value()[:2] if worker == 0 else v.read_value())

@@ -454,6 +454,10 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
   assert alike[0].group(1) == alike[1].group(1), results
   np.testing.assert_allclose(json.loads(alike[0].group(2)),
                              np.array([0.5, 0.25]) / (1 - 0.9 ** 3), rtol=1e-6)
+  dtypes = [re.search(r"DTYPES (.*) (\S+) (\[.*\])$", out, re.M) for _, out in results]
+  assert all(dtypes), results  # the chief's values, bit for bit, in every dtype
+  assert dtypes[0].group(1) == dtypes[1].group(1), results
+  assert [d.group(2, 3) for d in dtypes] == [("1.5", "[0, 1]")] * 2, results
   lazy = [re.search(r"LAZY_THEN (.*)", out) for _, out in results]
   assert all(lazy) and lazy[0].group(1) == lazy[1].group(1), results  # the chief's
   for w, (code, out) in enumerate(results):
@@ -516,7 +520,8 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     # the same variables everywhere, then a step traced before: sent after it
     assert lines["CONTEXT_SHARED"] == "CONTEXT_SHARED [14.0, 14.0, 14.0] [10.0, 10.0]", out
     # initial values alike on every worker stay home; the others are the chief's
-    assert lines["ALIKE_SENT"] == "ALIKE_SENT True 0.0 [1.0, 1.0, 1.0]", out
+    # (sent: the 3 values that differ, broadcast; not the 5000 zeros)
+    assert lines["ALIKE_SENT"] == "ALIKE_SENT True True 0.0 [1.0, 1.0, 1.0]", out
     # as many collectives but other shapes: the error, and collectives still work
     # (listed as traced: the step's first, then the loop's check of `steps`,
     # the pending variables and the interrupt flag)

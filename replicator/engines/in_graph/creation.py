@@ -35,6 +35,8 @@ class VariableFactory:
     self.created: List[variables.ReplicatedVariable] = []  # in creation order
     self._lifting: Optional[lifting.Lifting] = None  # while a trace may create (`creating`)
     self._to_fill: List[variables.ReplicatedVariable] = []  # copies to fill
+    # The initial values being computed (`creating(background=True)`), until `ready`.
+    self._running: Optional[lifting.Running] = None
 
   def _create(self, next_creator: Callable, **kwargs) -> variables.ReplicatedVariable:
     if registry.in_replica_local() or getattr(_local, "creating", False):
@@ -86,32 +88,57 @@ class VariableFactory:
     variable.assign(value, read_value=False)  # the other copies: `_fill_copies`
 
   @contextlib.contextmanager
-  def creating(self):
-    """Inside, a trace may create variables (see above); they are ready after.
+  def creating(self, background: bool = False):
+    """Inside, a trace may create variables (see above); they are ready after,
+    or, with `background`, once `ready` returns (their initial values are
+    computed meanwhile, on a thread of their own).
 
     Yields a set that gets the names of the trace's ops that compute the initial
     values (they run once, not in the step).
 
-    On leaving, even by an error, the variables made inside get their initial
-    values and their copies: a step that raised after building the model
+    On leaving by an error, the variables made inside get their initial values
+    and their copies at once: a step that raised after building the model
     leaves it whole.
     """
+    self.ready()  # (an earlier trace's)
     self._lifting = lifting.Lifting(self)
     initializers = set()
     try:
       with self.scope():
         yield initializers
+    except BaseException:
+      self._initialize(initializers, background=False)
+      raise
+    self._initialize(initializers, background)
+
+  def _initialize(self, initializers: set, background: bool):
+    made, self._lifting = self._lifting, None
+    initializers.update(made.initializer_names())
+    self._running = None
+    try:
+      self._running = made.initialize(background)
     finally:
-      made, self._lifting = self._lifting, None
-      initializers.update(made.initializer_names())
-      try:
-        made.initialize()
-      finally:
-        self._fill_copies()
-        # Copies the variables created while tracing, now that they are initialized.
-        pending, self._pending = self._pending, []
-        for variable in pending:
-          variable._materialize()  # pylint: disable=protected-access
+      if self._running is None:
+        self._finish()
+
+  def ready(self):
+    """Returns once the variables made in `creating(background=True)` hold
+    their initial values, and their copies too; raises the error computing
+    them raised."""
+    running, self._running = self._running, None
+    if running is None:
+      return
+    try:
+      running.wait()
+    finally:
+      self._finish()
+
+  def _finish(self):
+    self._fill_copies()
+    # Copies the variables created while tracing, now that they are initialized.
+    pending, self._pending = self._pending, []
+    for variable in pending:
+      variable._materialize()  # pylint: disable=protected-access
 
   def _fill_copies(self):
     """Gives the copies made in a trace their variable's initial value, unless

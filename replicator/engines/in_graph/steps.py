@@ -91,8 +91,7 @@ class CompiledStep:
     new = signature not in self._traced
     if new:  # step_fn's outputs may depend on args
       issued = self._keys.issued if self._keys is not None else 0
-      self._traced[signature] = self._trace_first(iterator, args,
-                                                  creating=not self._traced)
+      self._traced[signature] = self._trace_first(iterator, args, creating=not self._traced)
     self._current = self._traced[signature]
     pending = 0  # the digest of variables to send after the call (none)
     # One step runs without the loop's per-call overhead (a large part of a small
@@ -109,31 +108,27 @@ class CompiledStep:
     # collectives of the same loop.)
     single = (steps == 1 and not self._current.draws_random
               and (self._keys is None or iterator is not None))
-    if new and self._keys is not None:
-      # Every worker traces here the function whose keys are counted, whatever
-      # `steps` it asked for, so that the keys of later traces match; a loop
-      # traced later, where a worker first asks for several steps, counts none.
-      if iterator is None:
-        self._call_loop.prepare(signature, iterator, tf.constant(steps, tf.int64), args,
-                                self._no_pending)
-      else:
-        self._single.prepare(signature, iterator, args, self._no_pending)
-      # The chief's initial values (of those made in repl.context() since the
-      # last run too) travel after the check, in collectives whose keys follow
-      # the step's, which workers that traced other programs share only once
-      # the check has realigned them; never where the variables differ (there
-      # would be a collective too many, or of another shape).
+    if new:
+      # The variables the trace made get their initial values meanwhile
+      # (`_trace_first`): the function that runs is traced, and on several
+      # workers the programs compared, before they are waited for.
       try:
-        step_checks.check_same_program(self._step_fn, self._keys, self._devices[0],
-                                       issued, self._new_variables.pending())
-      except step_checks.ProgramsDiffer as error:
-        if error.variables_differ:
-          self._new_variables.keep_each_workers()
+        if self._keys is not None:
+          self._check_program(signature, iterator, steps, args, issued)
+        elif single:
+          self._single.prepare(signature, iterator, args, self._no_pending)
         else:
-          self._new_variables.send()
-        raise
-      self._new_variables.send()
-    elif self._new_variables is not None:  # made in repl.context() since the last run
+          self._call_loop.prepare(signature, iterator, tf.constant(steps, tf.int64), args,
+                                  self._no_pending)
+      finally:
+        try:
+          self._factory.ready()
+        except BaseException:
+          del self._traced[signature]  # its variables hold no values: traced anew
+          raise
+      if self._keys is not None:
+        self._new_variables.send()
+    if not new and self._new_variables is not None:  # made in repl.context() since the last run
       # This step was traced before they existed, so it cannot use them: the
       # first collective's comparison of `steps` also compares them, and they
       # travel after the call, only where every worker made the same (else the
@@ -161,6 +156,34 @@ class CompiledStep:
       elif why is not fetch.StepStatus.STEPS_DIFFER:
         self._new_variables.send()
     return completed, step_checks.with_nones(self._current.output_spec, tensors), status
+
+  def _check_program(self, signature, iterator, steps, args, issued: int):
+    """On several workers, a signature's first call: traces the function whose
+    keys are counted (whatever `steps` this worker asked for, so that the keys
+    of later traces match everywhere; a loop traced later, where a worker first
+    asks for several steps, counts none), then compares the workers' programs.
+
+    The chief's initial values (of those made in repl.context() since the last
+    run too) travel after the check, in collectives whose keys follow the
+    step's, which workers that traced other programs share only once the check
+    has realigned them; never where the variables differ (there would be a
+    collective too many, or of another shape).
+    """
+    if iterator is None:
+      self._call_loop.prepare(signature, iterator, tf.constant(steps, tf.int64), args,
+                              self._no_pending)
+    else:
+      self._single.prepare(signature, iterator, args, self._no_pending)
+    try:
+      step_checks.check_same_program(self._step_fn, self._keys, self._devices[0],
+                                     issued, self._new_variables.pending())
+    except step_checks.ProgramsDiffer as error:
+      self._factory.ready()
+      if error.variables_differ:
+        self._new_variables.keep_each_workers()
+      else:
+        self._new_variables.send()
+      raise
 
   @contextlib.contextmanager
   def _first_collective(self):
@@ -204,8 +227,8 @@ class CompiledStep:
     self._creating = creating
     try:
       while True:
-        with self._factory.creating() if creating else contextlib.nullcontext(set()) \
-            as initializers:
+        with self._factory.creating(background=True) if creating \
+            else contextlib.nullcontext(set()) as initializers:
           try:
             concrete = self._replicated_step.get_concrete_function(batches, args, effects.GATE_SPEC)
             break
