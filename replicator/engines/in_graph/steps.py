@@ -94,18 +94,14 @@ class CompiledStep:
       self._traced[signature] = self._trace_first(iterator, args, creating=not self._traced)
     self._current = self._traced[signature]
     pending = 0  # the digest of variables to send after the call (none)
-    # One step runs without the loop's per-call overhead (a large part of a small
-    # model's step) and without the loop's compilation (seconds for a large
-    # model's first step): where one step is asked for, and the step draws no
-    # random numbers (those run in the loop, so that one stream advances whatever
-    # `steps` each call asks for). On several workers, only with input: the
-    # one-step function and the loop then compare the workers' `steps` in their
-    # first fetch, before any step, under one key (`_first_collective`), so
-    # a worker asking for one step and another for more both stop with
-    # STEPS_DIFFER, where collectives of different keys would wait for each
-    # other forever. (Without input the loop's first step runs beside that
-    # comparison, inside the `tf.while_loop`, whose collectives pair only with
-    # collectives of the same loop.)
+    # One step runs without the loop's per-call overhead and compilation, unless
+    # it draws random numbers (in the loop one stream advances whatever `steps`
+    # each call asks for). On several workers only with input: the one-step
+    # function and the loop then compare the workers' `steps` in their first
+    # fetch, before any step, under one key (`_first_collective`), so workers
+    # asking for different `steps` both stop with STEPS_DIFFER. Without input
+    # the loop's first step runs beside that comparison, inside the
+    # `tf.while_loop`, whose collectives pair only with the same loop's.
     single = (steps == 1 and not self._current.draws_random
               and (self._keys is None or iterator is not None))
     if new:
@@ -115,11 +111,8 @@ class CompiledStep:
       try:
         if self._keys is not None:
           self._check_program(signature, iterator, steps, args, issued)
-        elif single:
-          self._single.prepare(signature, iterator, args, self._no_pending)
         else:
-          self._call_loop.prepare(signature, iterator, tf.constant(steps, tf.int64), args,
-                                  self._no_pending)
+          self._prepare(signature, iterator, steps, args, single)
       finally:
         try:
           self._factory.ready()
@@ -169,11 +162,7 @@ class CompiledStep:
     has realigned them; never where the variables differ (there would be a
     collective too many, or of another shape).
     """
-    if iterator is None:
-      self._call_loop.prepare(signature, iterator, tf.constant(steps, tf.int64), args,
-                              self._no_pending)
-    else:
-      self._single.prepare(signature, iterator, args, self._no_pending)
+    self._prepare(signature, iterator, steps, args, single=iterator is not None)
     try:
       step_checks.check_same_program(self._step_fn, self._keys, self._devices[0],
                                      issued, self._new_variables.pending())
@@ -184,6 +173,14 @@ class CompiledStep:
       else:
         self._new_variables.send()
       raise
+
+  def _prepare(self, signature, iterator, steps, args, single: bool):
+    """Traces the one-step function (`single`) or the loop, without running it."""
+    if single:
+      self._single.prepare(signature, iterator, args, self._no_pending)
+    else:
+      self._call_loop.prepare(signature, iterator, tf.constant(steps, tf.int64), args,
+                              self._no_pending)
 
   @contextlib.contextmanager
   def _first_collective(self):
