@@ -18,7 +18,7 @@ BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(BENCHMARKS, "results")
 
 COMMANDS = {
-    "step_rate": "python -m benchmarks.runs.step_rate --replicas 2 --rounds 10",
+    "step_rate": "python -m benchmarks.runs.step_rate --replicas 2 --rounds 20",
     "allreduce": "python -m benchmarks.runs.allreduce --workers 2,4 --rounds 3",
     "allreduce_lanes": ("python -m benchmarks.runs.allreduce --workers 2,4 --rounds 3 --variants "
                         "'ours fp32 packed;ours fp32, 8MB buckets, 4 in flight;"
