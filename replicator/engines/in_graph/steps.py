@@ -1,13 +1,11 @@
 """A compiled step: `steps` iterations of step_fn on every replica, one call.
 
-Compilation traces each replica once: the replicated step is traced first, on
-its own, with a variable factory active for replica 0 (modules built on first
-call and optimizer slots are created there, outside the trace, and initialized
-after it from the initializers it computed; see `creation`), and the loop
-reuses that trace; a later trace for other `args` may not create variables.
-On several workers the workers then compare the collectives they traced before
-any of them runs (`step_checks.check_same_program`), and only then do the
-chief's initial values go to every worker.
+The replicated step is traced first, on its own, replica 0 with a variable
+factory (`creation`: variables step_fn makes are made outside the trace and
+initialized from the initializers it computed); the one-step function and the
+loop reuse that trace, and later traces may not create variables. On several
+workers the traced collectives are compared (`step_checks.check_same_program`)
+before the chief's initial values go to every worker.
 """
 
 import contextlib
@@ -273,15 +271,12 @@ class CompiledStep:
     return tuple(zeros(spec) for spec in self._current.tensor_specs)
 
   def _trace_single(self, iterator, args, pending):
-    """One step, run only if every replica got its batch (and, on several
-    workers, every worker asked for one step and made the same variables since
-    its last run): after a gate that raises `OutOfRangeError` (caught in
-    `__call__`, the status kept in the gate) where the step may not run, and
-    that its ops with effects wait for (`effects.hold_effects`). Unlike in a
-    `tf.cond`, its variables need no `Switch` each, so Grappler has fewer nodes
-    to optimize and the first step comes sooner; and an OutOfRange is the error
-    TensorFlow logs least (on several devices, INFO lines of cancelled receives).
-    Its result is the loop's for `steps=1`.
+    """One step, behind a gate that its ops with effects wait for
+    (`effects.hold_effects`) and that raises `OutOfRangeError`, keeping the
+    fetch's status, where the step may not run (caught in `__call__`). Unlike
+    a `tf.cond`, it needs no `Switch` for each variable (fewer nodes for
+    Grappler), and an OutOfRange is the error TensorFlow logs least. Its result
+    is the loop's for `steps=1`.
     """
     n = len(self._devices)
     if iterator is None:  # (alone: on several workers the loop runs it)
