@@ -124,11 +124,11 @@ class Lifting:
       # closures of one code object are traced again and again (one per step
       # that builds a model; a sweep builds many).
       function = tf.function(initialize, autograph=False).get_concrete_function()
-    running = Running(function)
-    if not background:
-      running.wait()
-      return None
-    return running
+    if background:
+      return Running(function)
+    with _without_grappler():
+      function()
+    return None
 
 
 class Running:
