@@ -126,14 +126,19 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int,
     optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01, momentum=0.9))
   build_s["ours"] = time.perf_counter() - start
 
-  def step_fn(b):
-    x, y = b
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          y, model(x, is_training=True)))
-    optimizer.apply(tape.gradient(loss, model.trainable_variables),
-                    model.trainable_variables)
-    return loss
+  def training_step(net, net_optimizer, **training):
+    """Ours: a step_fn of its own for `net` (`training`: how it is told to train)."""
+    def step_fn(b):
+      x, y = b
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            y, net(x, **training)))
+      net_optimizer.apply(tape.gradient(loss, net.trainable_variables),
+                          net.trainable_variables)
+      return loss
+    return step_fn
+
+  step_fn = training_step(model, optimizer, is_training=True)
   input_fn = lambda ctx: ds  # one object: a new input_fn would be a new input
   variants = VARIANTS if synchronized else (VARIANTS[0], SAME_MODEL, VARIANTS[1])
   models_of = {"ours": model}
@@ -146,15 +151,7 @@ def worker(ours_first: bool, batch: int, iters: int, threads: int,
       same_optimizer = repl.wrap_optimizer(keras.optimizers.SGD(0.01, momentum=0.9))
     build_s[SAME_MODEL] = time.perf_counter() - start
 
-    def same_model_step(b):
-      x, y = b
-      same = models_of[SAME_MODEL]
-      with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            y, same(x, training=True)))
-      same_optimizer.apply(tape.gradient(loss, same.trainable_variables),
-                           same.trainable_variables)
-      return loss
+    same_model_step = training_step(models_of[SAME_MODEL], same_optimizer, training=True)
     same_input_fn = lambda ctx: same_ds
     calls[SAME_MODEL] = lambda: repl.run(same_model_step, same_input_fn)[0]
 
