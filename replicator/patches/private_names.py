@@ -132,6 +132,10 @@ USES = (
         parameters=("tensors", "graph", "disallowed_placeholders", "handle_captures",
                     "op_map"),
         why=_INITIAL_VALUES, used_in=(_LIFTING,)),
+    Use(_PY + "util.object_identity", "ObjectIdentityDictionary", "class",
+        why=_INITIAL_VALUES + " Each op and tensor of the trace maps to its copy "
+        "(lift_to_graph's op_map; a graph tensor is not hashable).",
+        used_in=(_LIFTING,)),
     Use(_PY + "ops.op_selector", "map_subgraph", "function",
         parameters=("init_tensor", "sources", "disallowed_placeholders", "visited_ops",
                     "op_outputs", "add_sources"),

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import catalogue
 from replicator import testing
+from replicator.variables import lifting
 
 ENGINES = ["gpu", "multi_gpu_2", "tpu_engine_2", "fake_tpu"]
 GLOBAL_BATCH = 8
@@ -147,3 +148,67 @@ def test_an_initial_value_from_a_variable_made_earlier_in_the_step(name):
   assert all(np.array_equal(v, values[0]) for v in values)
   if runs(name):
     assert_every_copy(steps, 1, "steps")  # the write ran in the step, not at init
+
+
+class _Copied:
+  """Counts how the initializers were copied out of the trace."""
+
+  def __init__(self, monkeypatch):
+    self.imported = 0  # batches `lifting.imported` took
+    self.one_by_one = 0  # `lift_to_graph` calls
+    imported, lift = lifting.imported, lifting.lift_to_graph.lift_to_graph
+
+    def counted_import(batch, copies):
+      taken = imported(batch, copies)
+      self.imported += taken
+      return taken
+
+    def counted_lift(*args, **kwargs):
+      self.one_by_one += 1
+      return lift(*args, **kwargs)
+
+    monkeypatch.setattr(lifting, "imported", counted_import)
+    monkeypatch.setattr(lifting.lift_to_graph, "lift_to_graph", counted_lift)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_models_initializers_are_copied_in_one_import(name, monkeypatch):
+  """The usual case (no value reads a captured one) takes one import_graph_def,
+  and each seeded draw gives what it gives on one device."""
+  repl = make(name)
+  x, _ = catalogue.classification_data(num_examples=GLOBAL_BATCH)
+  with repl.context():
+    model = _model()
+  oracle = _model()
+  tf.function(lambda: oracle(x[:1]))()  # (tf.function lifts its own one by one)
+  copied = _Copied(monkeypatch)
+  repl.run(lambda: model(tf.constant(x[:2])))
+  assert (copied.imported, copied.one_by_one) == (1, 0)
+  for variable, want in zip(model.variables, oracle.variables):
+    assert_every_copy(variable, want.numpy(), variable.name)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_draw_that_initial_values_share_across_batches_is_drawn_once(name, monkeypatch):
+  """`c`'s value shares the unseeded draw `r` with `a`'s, but is copied after
+  `b`'s (which reads `a`, so is copied alone): `r` is not copied, so not
+  drawn, a second time."""
+  copied = _Copied(monkeypatch)
+  repl = make(name)
+  made = []
+
+  def step_fn():
+    if not made:
+      r = tf.random.normal([64])
+      made.append(tf.Variable(r, name="a"))
+      made.append(tf.Variable(made[0] * 2.0, name="b"))
+      made.append(tf.Variable(r + 1.0, name="c"))
+    return made[2].read_value()
+
+  repl.run(step_fn)
+  assert (copied.imported, copied.one_by_one) == (2, 1)
+  a = made[0].replicas[0].numpy()
+  assert np.std(a) > 0.1  # a draw, not zeros
+  assert_every_copy(made[0], a, "a")
+  assert_every_copy(made[1], a * 2.0, "b")
+  assert_every_copy(made[2], a + 1.0, "c")
