@@ -8,6 +8,7 @@ import hashlib
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from replicator import errors
 from replicator.collectives import between_workers
@@ -36,6 +37,10 @@ class Peers:
     self._device = device
     self._timeout_s = timeout_s
     self._heartbeat = None
+
+  @property
+  def is_chief(self) -> bool:
+    return self._mesh.is_chief
 
   def join(self):
     """Returns once every worker has started, then watches them; waits for the
@@ -105,7 +110,7 @@ class Peers:
     try:
       fixed = [v for v in variables if v.shape.is_fully_defined()]
       with tf.device(self._device):
-        values = [variable.replicas[0].read_value() for variable in fixed]
+        values = [self._value_or_spec(variable) for variable in fixed]
         fixed, values = self._differing(fixed, values)
         synced = [None] * len(values)
         for group in packing.buckets(values, _SYNC_PACK_BYTES):
@@ -137,6 +142,15 @@ class Peers:
       self.raise_if_lost(error, steps_completed)
       raise
 
+  def _value_or_spec(self, variable):
+    """`variable`'s value, or on a worker other than the chief, where it has
+    none (its initial value was left to the chief's: `lifting`), its spec."""
+    primary = variable.replicas[0]
+    if (not self._mesh.is_chief
+        and not resource_variable_ops.var_is_initialized_op(primary.handle)):
+      return tf.TensorSpec(primary.shape, primary.dtype)
+    return primary.read_value()
+
   def _differing(self, variables, values):
     """Those of `variables` (and their `values`) that some worker holds otherwise.
 
@@ -146,7 +160,8 @@ class Peers:
     """
     if not variables:
       return variables, values
-    digests = [_digest(value) for value in values]
+    # A value left to the chief's differs from any (digests are >= 0).
+    digests = [_digest(value) if isinstance(value, tf.Tensor) else -1 for value in values]
     low, high = between_workers.checked_min_and_max(digests, self._keys, self._device)
     differ = [i for i, (a, b) in enumerate(zip(low, high)) if a != b]
     return [variables[i] for i in differ], [values[i] for i in differ]
@@ -183,6 +198,8 @@ class NewVariables:
 
   def __init__(self, peers: Peers, created: list, steps_completed):
     self._peers = peers
+    # Elsewhere, values drawn in a step's first trace are left to the chief's.
+    self.left_to_chief = not peers.is_chief
     self._created = created
     self._steps_completed = steps_completed
     self._sent = 0  # how many of `created` were sent, or left unsent for good

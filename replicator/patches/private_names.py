@@ -167,7 +167,8 @@ USES = (
         why="A plain variable outside every creator scope: a replica's copy, the "
         "stop flag.", used_in=(_VARIABLES, _IN_GRAPH + "interrupts")),
     Use(_RESOURCE_VARIABLES, "var_is_initialized_op", "function", parameters=("resource",),
-        why="Which copies still need their value.", used_in=(_CREATION, _VARIABLES)),
+        why="Which copies still need their value.",
+        used_in=(_CREATION, _VARIABLES, "replicator.multiworker.peers")),
     Use(_RESOURCE_VARIABLES, "VariableSpec", "class", reads=("to_tensors", "cast"),
         why="A ReplicatedVariable passed to a tf.function goes in as its current "
         "copy (a subclass overrides these).", used_in=(_VARIABLES,)),

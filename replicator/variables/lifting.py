@@ -58,6 +58,8 @@ class Lifting:
     self._maker = maker
     # (variable, its initial value, the ops computing it), in creation order.
     self._lifted: List[Tuple[tf.Variable, tf.Tensor, frozenset]] = []
+    # Those left to the chief's values (`initialize(left_to_chief=True)`).
+    self.left: List[Tuple[tf.Variable, tf.Tensor, frozenset]] = []
 
   def create(self, next_creator: Callable, kwargs: dict) -> Optional[tf.Variable]:
     """The variable that `kwargs` (a variable creator's) ask for inside the
@@ -89,12 +91,21 @@ class Lifting:
     return {op.name for op in ops
             if all(consumer in ops for output in op.outputs for consumer in output.consumers())}
 
-  def initialize(self, background: bool = False) -> Optional["Running"]:
+  def initialize(self, background: bool = False,
+                 left_to_chief: bool = False) -> Optional["Running"]:
     """Assigns the initial values of the variables made so far (see above).
 
     With `background`, the function that computes them runs on a thread of
     its own (its kernels release Python's lock), so the caller can trace on
     meanwhile: returns the `Running` to wait for, or None where nothing runs.
+
+    With `left_to_chief` (a worker other than the chief, which sends its
+    values after), values drawn by stateful ops (random initializers) are
+    not computed, as MultiWorkerMirroredStrategy's other workers compute
+    none: those variables stay uninitialized until the chief's values come,
+    or `initialize_left` computes them here. Only where no value reads a
+    variable made in the step (that one would need the value first), and of
+    variables of a known shape (the others' shapes travel with the value).
     """
     lifted, self._lifted = self._lifted, []
     with tf.init_scope():
@@ -109,7 +120,24 @@ class Lifting:
     for variable, _, ops in lifted:
       earlier |= ops
       _drop_orderings_added_later(variable, ops, earlier)
+    if left_to_chief and not any(op.type == "Placeholder" for entry in lifted
+                                 for op in entry[2]):
+      self.left = [entry for entry in lifted if _drawn(entry)]
+      lifted = [entry for entry in lifted if not _drawn(entry)]
+    return self._run(lifted, background)
 
+  def initialize_left(self):
+    """Computes here the values `initialize(left_to_chief=True)` left to the
+    chief's, of the variables that got none (the chief's did not come)."""
+    left, self.left = self.left, []
+    with tf.init_scope():
+      left = [entry for entry in left if not self._maker.holds_value(entry[0])]
+    self._run(left, background=False)
+
+  def _run(self, lifted, background: bool) -> Optional["Running"]:
+    """Computes and assigns the values of `lifted` (see `initialize`)."""
+    if not lifted:
+      return None
     batches = list(lift_batches(lifted))
 
     def initialize():
@@ -246,6 +274,13 @@ def imported(batch, copies) -> bool:
     for output, copied in zip(op.outputs, copy.outputs):
       copies[output] = copied
   return True
+
+
+def _drawn(entry) -> bool:
+  """Whether a (variable, initial value, its ops) entry's value is drawn: a
+  stateful op computes it (a random initializer's), so workers may differ."""
+  variable, _, ops = entry
+  return variable.shape.is_fully_defined() and any(op.op_def.is_stateful for op in ops)
 
 
 # Ops that take a variable's handle and do not change it.

@@ -17,6 +17,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import replicator
 from replicator.collectives import between_workers
 from replicator.collectives import reductions
+from replicator.variables import lifting
 
 
 def main():
@@ -100,6 +101,15 @@ def main():
 
   with repl.context():
     linear = snt.Linear(2)  # random initial values, the chief's on every worker
+  left = []  # how many drawn initial values each trace's lifting left to the chief's
+  initialize = lifting.Lifting.initialize
+
+  def counted_initialize(self, *args, **kwargs):
+    running = initialize(self, *args, **kwargs)
+    left.append(len(self.left))
+    return running
+
+  lifting.Lifting.initialize = counted_initialize
 
   def lazy_branching_fn():  # the same, in the trace that builds a model
     y = repl.all_sum(linear(tf.ones([1, 3])))
@@ -115,6 +125,26 @@ def main():
   out = repl.run(lambda: repl.all_sum(linear(tf.ones([1, 3]))))
   print(f"LAZY_THEN {linear.w.numpy().ravel().tolist()} {out.numpy()[0].tolist()}",
         flush=True)
+  print(f"LAZY_LEFT {sum(left)}", flush=True)
+
+  with repl.context():
+    own = snt.Linear(2)  # the chief makes one more variable: each keeps its own
+  more, left[:] = [], []
+
+  def uneven_model_fn():
+    if worker == 0 and not more:
+      more.append(tf.Variable(tf.random.normal([2])))
+    return repl.all_sum(own(tf.ones([1, 3])))
+
+  try:  # the other worker's drawn values (w), left to the chief's, come from none
+    repl.run(uneven_model_fn)
+    print("OWN ran", flush=True)
+  except ValueError as error:
+    print(f"OWN {type(error).__name__}", flush=True)
+  lifting.Lifting.initialize = initialize
+  copies = [copy.numpy() for copy in own.w.replicas]
+  print(f"OWN_WHOLE {sum(left)} {all(np.array_equal(c, copies[0]) for c in copies)} "
+        f"{bool(np.std(copies[0]) > 0.05)} {own.b.numpy().tolist()}", flush=True)
 
   made = []
 

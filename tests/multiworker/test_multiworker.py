@@ -487,6 +487,12 @@ def test_misuses_raise_the_true_error_on_every_worker(tmp_path):
     assert lines["THEN"] == "THEN [14.0, 14.0, 14.0]", out  # v: 6 after NUMERICS, then 7
     # the same in the trace that builds a model: the error, then the chief's values
     assert lines["LAZY"] == "LAZY ProgramsDiffer", out
+    # the other worker computed no drawn value: snt.Linear's w (its b is zeros)
+    assert lines["LAZY_LEFT"] == f"LAZY_LEFT {w}", out
+    # ... and where the chief's did not come (the variables differ), computes it:
+    # every copy holds it, a draw, not zeros
+    assert lines["OWN"] == "OWN ProgramsDiffer", out
+    assert lines["OWN_WHOLE"] == f"OWN_WHOLE {w} True True [0.0, 0.0]", out
     # a variable made on the chief alone: an error on each worker, nothing sent
     assert (f"EXTRA step_fn: chief_variable_fn: worker {w} made {1 if w == 0 else 0} "
             "variable(s) in its first run or in repl.context() since the last run "

@@ -37,6 +37,10 @@ class VariableFactory:
     self._to_fill: List[variables.ReplicatedVariable] = []  # copies to fill
     # The initial values being computed (`creating(background=True)`), until `ready`.
     self._running: Optional[lifting.Running] = None
+    # The lifting that left values to the chief's (`creating(left_to_chief=True)`),
+    # and the variables whose copies then stayed empty.
+    self._left: List[lifting.Lifting] = []
+    self._unfilled: List[variables.ReplicatedVariable] = []
 
   def _create(self, next_creator: Callable, **kwargs) -> variables.ReplicatedVariable:
     if registry.in_replica_local() or getattr(_local, "creating", False):
@@ -88,10 +92,12 @@ class VariableFactory:
     variable.assign(value, read_value=False)  # the other copies: `_fill_copies`
 
   @contextlib.contextmanager
-  def creating(self, background: bool = False):
+  def creating(self, background: bool = False, left_to_chief: bool = False):
     """Inside, a trace may create variables (see above); they are ready after,
     or, with `background`, once `ready` returns (their initial values are
-    computed meanwhile, on a thread of their own).
+    computed meanwhile, on a thread of their own). With `left_to_chief`,
+    drawn values are not computed (`lifting.Lifting.initialize`): the
+    chief's must be sent, or `initialize_left` called.
 
     Yields a set that gets the names of the trace's ops that compute the initial
     values (they run once, not in the step).
@@ -109,17 +115,31 @@ class VariableFactory:
     except BaseException:
       self._initialize(initializers, background=False)
       raise
-    self._initialize(initializers, background)
+    self._initialize(initializers, background, left_to_chief)
 
-  def _initialize(self, initializers: set, background: bool):
+  def _initialize(self, initializers: set, background: bool, left_to_chief: bool = False):
     made, self._lifting = self._lifting, None
     initializers.update(made.initializer_names())
     self._running = None
     try:
-      self._running = made.initialize(background)
+      self._running = made.initialize(background, left_to_chief)
+      if made.left:
+        self._left.append(made)
     finally:
       if self._running is None:
         self._finish()
+
+  def initialize_left(self, sent: bool = False):
+    """Where `creating(left_to_chief=True)` left values to the chief's: once
+    they were `sent`, forgets them; else (an error stopped the call first)
+    computes here those that did not come, so that the model is whole."""
+    left, self._left = self._left, []
+    unfilled, self._unfilled = self._unfilled, []
+    if sent or not left:
+      return
+    for made in left:
+      made.initialize_left()
+    self._fill_copies(unfilled)
 
   def ready(self):
     """Returns once the variables made in `creating(background=True)` hold
@@ -130,26 +150,36 @@ class VariableFactory:
       return
     try:
       running.wait()
+    except BaseException:
+      self._left = []  # none hold values: the step is traced anew
+      raise
     finally:
       self._finish()
 
   def _finish(self):
-    self._fill_copies()
+    made, self._to_fill = self._to_fill, []
+    unfilled = self._fill_copies(made)
+    if self._left:
+      self._unfilled += unfilled
     # Copies the variables created while tracing, now that they are initialized.
     pending, self._pending = self._pending, []
     for variable in pending:
       variable._materialize()  # pylint: disable=protected-access
 
-  def _fill_copies(self):
-    """Gives the copies made in a trace their variable's initial value, unless
-    something initialized them meanwhile (a checkpoint's deferred restore)."""
-    made, self._to_fill = self._to_fill, []
+  def _fill_copies(self, made) -> list:
+    """Gives the copies of `made` (made in a trace) their variable's initial
+    value, unless something initialized them meanwhile (a checkpoint's
+    deferred restore); returns those whose first copy holds no value (as the
+    trace's error, or `left_to_chief`, left it)."""
+    unfilled = []
     with tf.init_scope():
       for variable in made:
         primary = variable.replicas[0]
         if not resource_variable_ops.var_is_initialized_op(primary.handle):
-          continue  # left uninitialized, as the trace's error left it
+          unfilled.append(variable)
+          continue
         value = primary.read_value()
         for copy in variable.replicas[1:]:
           if not resource_variable_ops.var_is_initialized_op(copy.handle):
             copy.assign(value, read_value=False)
+    return unfilled

@@ -92,33 +92,15 @@ class CompiledStep:
       self._traced[signature] = self._trace_first(iterator, args, creating=not self._traced)
     self._current = self._traced[signature]
     pending = 0  # the digest of variables to send after the call (none)
-    # One step runs without the loop's per-call overhead and compilation, unless
-    # it draws random numbers (in the loop one stream advances whatever `steps`
-    # each call asks for). On several workers only with input: the one-step
-    # function and the loop then compare the workers' `steps` in their first
-    # fetch, before any step, under one key (`_first_collective`), so workers
-    # asking for different `steps` both stop with STEPS_DIFFER. Without input
-    # the loop's first step runs beside that comparison, inside the
-    # `tf.while_loop`, whose collectives pair only with the same loop's.
+    # One step runs without the loop's overhead, unless it draws random numbers
+    # (one stream advances whatever `steps` a call asks for); on several workers
+    # only with input, where both compare `steps` in their first fetch, under one
+    # key (`_first_collective`). Without input the loop's first step runs beside
+    # that comparison, inside the loop, whose collectives pair only with its own.
     single = (steps == 1 and not self._current.draws_random
               and (self._keys is None or iterator is not None))
     if new:
-      # The variables the trace made get their initial values meanwhile
-      # (`_trace_first`): the function that runs is traced, and on several
-      # workers the programs compared, before they are waited for.
-      try:
-        if self._keys is not None:
-          self._check_program(signature, iterator, steps, args, issued)
-        else:
-          self._prepare(signature, iterator, steps, args, single)
-      finally:
-        try:
-          self._factory.ready()
-        except BaseException:
-          del self._traced[signature]  # its variables hold no values: traced anew
-          raise
-      if self._keys is not None:
-        self._new_variables.send()
+      self._ready(signature, iterator, steps, args, issued, single)
     if not new and self._new_variables is not None:  # made in repl.context() since the last run
       # This step was traced before they existed, so it cannot use them: the
       # first collective's comparison of `steps` also compares them, and they
@@ -147,6 +129,29 @@ class CompiledStep:
       elif why is not fetch.StepStatus.STEPS_DIFFER:
         self._new_variables.send()
     return completed, step_checks.with_nones(self._current.output_spec, tensors), status
+
+  def _ready(self, signature, iterator, steps, args, issued: int, single: bool):
+    """A signature's first call, after its trace: the function that runs is traced
+    (the programs compared) while the new variables get their initial values;
+    they are waited for, then on several workers the chief's are sent."""
+    try:
+      try:
+        if self._keys is not None:
+          self._check_program(signature, iterator, steps, args, issued)
+        else:
+          self._prepare(signature, iterator, steps, args, single)
+      finally:
+        try:
+          self._factory.ready()
+        except BaseException:
+          del self._traced[signature]  # its variables hold no values: traced anew
+          raise
+      if self._keys is not None:
+        self._new_variables.send()
+    except BaseException:
+      self._factory.initialize_left()  # the chief's values did not all come
+      raise
+    self._factory.initialize_left(sent=True)
 
   def _check_program(self, signature, iterator, steps, args, issued: int):
     """On several workers, a signature's first call: traces the function whose
@@ -222,7 +227,8 @@ class CompiledStep:
     self._creating = creating
     try:
       while True:
-        with self._factory.creating(background=True) if creating \
+        with self._factory.creating(background=True, left_to_chief=getattr(
+            self._new_variables, "left_to_chief", False)) if creating \
             else contextlib.nullcontext(set()) as initializers:
           try:
             concrete = self._replicated_step.get_concrete_function(batches, args, effects.GATE_SPEC)
@@ -309,33 +315,28 @@ class CompiledStep:
   def _while_loop(self, iterator, steps, args, pending):
     """`steps` steps in a `tf.while_loop`, stopping early when data runs out.
 
-    The next step's batches are fetched at the end of each iteration and
-    carried into the next as optionals, so the loop condition sees whether they
-    arrived and the step itself runs without a `cond` around it (a `cond`
-    would switch every variable the step touches, on every replica, per step).
-    They are fetched only if a next step is due, so no element is lost.
+    The next step's batches are fetched at the end of each iteration (only if
+    a step is due: no element is lost) and carried into the next as optionals:
+    the condition sees whether they arrived, and the step runs without a `cond`
+    (which would switch every variable it touches, on every replica, per step).
     Returns `(completed, outputs, status)`: why it stopped (INTERRUPTED where
     `interrupts.StopFlag` ended it). On several workers the workers compare
     `steps` and `pending` (`multiworker.peers.NewVariables.digest`) first.
     """
     n = len(self._devices)
     zero = tf.constant(0, tf.int64)
-    # The outputs' shapes through the loop: their rank, no dims (the specs are
-    # replica 0's; another replica's may have other static sizes, rows picked
-    # by `replica_id`).
+    # The outputs' shapes through the loop: their rank, no dims (replica 0's specs;
+    # another replica's may have other static sizes, rows picked by `replica_id`).
     invariants = tuple(tf.TensorShape([n]).concatenate(
         tf.TensorShape(None if spec.shape.rank is None else [None] * spec.shape.rank))
                        for spec in self._current.tensor_specs)
-    # A random op's state is in its kernel, not in a variable, so nothing
-    # orders its draws: iterations running side by side could draw in either
-    # order, and the step would return another step's numbers.
+    # A random op's state is in its kernel: nothing orders its draws, so iterations
+    # side by side could draw in either order (another step's numbers).
     parallel_iterations = 1 if self._current.draws_random else 10
     if iterator is None:
-      # On several workers, the first step runs while the workers compare their
-      # `steps` (every worker asked for one at least), and the loop goes on only
-      # where they agree: the comparison is off the step's path, so no step
-      # waits for its round trip. Where they differ, the first step has run
-      # everywhere and STEPS_DIFFER stops them.
+      # On several workers the first step runs while the workers compare `steps`
+      # (each asked for one at least), off the step's path; the loop goes on
+      # where they agree, else STEPS_DIFFER stops them after that first step.
       # Nor is there a fetch to agree on a stop: see `interrupts.AGREE_EVERY`.
       def body(i, agreed, status, unused_outputs):
         outputs = self._replicated_step([None] * n, args, effects.open_gate())
@@ -370,9 +371,8 @@ class CompiledStep:
         return self._fetcher.fetch(iterator, **compared)
 
       def fetch_if_due(i, status):
-        # Alone, the flag is read here, beside the step; on several workers the
-        # last fetch's collective said whether one got a signal (LAST plus its
-        # number: this step runs, no later one), so that all stop at one step.
+        # Alone, the flag is read here; on several workers the last fetch said
+        # whether one got a signal (LAST plus its number): all stop at one step.
         due = i < steps
         signum = (self.stop_flag.signal() if self._keys is None
                   else tf.maximum(status - fetch.StepStatus.LAST, 0))
