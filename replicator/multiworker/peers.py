@@ -198,11 +198,15 @@ class NewVariables:
 
   def __init__(self, peers: Peers, created: list, steps_completed):
     self._peers = peers
-    # Elsewhere, values drawn in a step's first trace are left to the chief's.
-    self.left_to_chief = not peers.is_chief
     self._created = created
     self._steps_completed = steps_completed
     self._sent = 0  # how many of `created` were sent, or left unsent for good
+
+  @property
+  def left_to_chief(self) -> bool:
+    """Whether values drawn in a step's first trace are left to the chief's
+    (on every worker but the chief)."""
+    return not self._peers.is_chief
 
   def pending(self) -> list:
     """The variables made since the last `send` or `keep_each_workers`."""

@@ -108,8 +108,8 @@ class Lifting:
     variables of a known shape (the others' shapes travel with the value).
     """
     lifted, self._lifted = self._lifted, []
+    lifted = self._without_values(lifted)
     with tf.init_scope():
-      lifted = [entry for entry in lifted if not self._maker.holds_value(entry[0])]
       for variable, value, _ in lifted:
         if not tf.is_symbolic_tensor(value):
           self._maker.assign(variable, value)
@@ -122,17 +122,22 @@ class Lifting:
       _drop_orderings_added_later(variable, ops, earlier)
     if left_to_chief and not any(op.type == "Placeholder" for entry in lifted
                                  for op in entry[2]):
-      self.left = [entry for entry in lifted if _drawn(entry)]
-      lifted = [entry for entry in lifted if not _drawn(entry)]
+      drawn = [_drawn(entry) for entry in lifted]
+      self.left = [entry for entry, d in zip(lifted, drawn) if d]
+      lifted = [entry for entry, d in zip(lifted, drawn) if not d]
     return self._run(lifted, background)
 
   def initialize_left(self):
     """Computes here the values `initialize(left_to_chief=True)` left to the
     chief's, of the variables that got none (the chief's did not come)."""
     left, self.left = self.left, []
+    self._run(self._without_values(left), background=False)
+
+  def _without_values(self, entries):
+    """`entries` less those whose variable something gave a value meanwhile
+    (a checkpoint's deferred restore, the chief's values)."""
     with tf.init_scope():
-      left = [entry for entry in left if not self._maker.holds_value(entry[0])]
-    self._run(left, background=False)
+      return [entry for entry in entries if not self._maker.holds_value(entry[0])]
 
   def _run(self, lifted, background: bool) -> Optional["Running"]:
     """Computes and assigns the values of `lifted` (see `initialize`)."""
