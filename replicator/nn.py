@@ -1,6 +1,8 @@
 """Sonnet modules that need the whole global batch."""
 
 
+from typing import Optional
+
 import sonnet as snt
 import tensorflow as tf
 
@@ -20,7 +22,42 @@ class CrossReplicaBatchNorm(snt.BatchNorm):
   `snt.BatchNorm` to the bit, fused kernel included. float16 and bfloat16
   inputs get their statistics in float32, as `tf.nn.moments` does (and
   `snt.BatchNorm`'s fused kernel refuses rank-4 ones).
+
+  The moving statistics are `snt.BatchNorm`'s debiased moving averages of
+  `decay_rate` (0.999 by default), or, as `snt.BaseBatchNorm` takes them,
+  any `snt.Metric` given as `moving_mean` and `moving_variance` (both, and
+  then no `decay_rate`): a plain moving average, say, as Keras'
+  `BatchNormalization` keeps.
   """
+
+  def __init__(self, create_scale: bool, create_offset: bool,
+               decay_rate: Optional[float] = None, eps: float = 1e-5, scale_init=None,
+               offset_init=None, data_format: str = "channels_last",
+               name: Optional[str] = None, *,
+               moving_mean: Optional[snt.Metric] = None,
+               moving_variance: Optional[snt.Metric] = None):
+    if moving_mean is None and moving_variance is None:
+      super().__init__(create_scale, create_offset,
+                       0.999 if decay_rate is None else decay_rate, eps, scale_init,
+                       offset_init, data_format, name)
+      return
+    if decay_rate is not None:
+      raise ValueError(
+          f"CrossReplicaBatchNorm got decay_rate={decay_rate!r} and moving averages "
+          "of its own: `decay_rate` is snt.BatchNorm's averages'; set the decay in "
+          "the `moving_mean` and `moving_variance` metrics instead.")
+    if moving_mean is None or moving_variance is None:
+      given, missing = (("moving_mean", "moving_variance") if moving_variance is None
+                        else ("moving_variance", "moving_mean"))
+      raise ValueError(
+          f"CrossReplicaBatchNorm got `{given}` but no `{missing}`: pass both "
+          "metrics, or neither for snt.BatchNorm's moving averages of `decay_rate`.")
+    # snt.BatchNorm's own constructor would make (and drop) its averages' counters.
+    snt.BaseBatchNorm.__init__(  # pylint: disable=non-parent-init-called
+        self, create_scale=create_scale, create_offset=create_offset,
+        moving_mean=moving_mean, moving_variance=moving_variance, eps=eps,
+        scale_init=scale_init, offset_init=offset_init, data_format=data_format,
+        name=name)
 
   def __call__(self, inputs: tf.Tensor, is_training, test_local_stats=False,
                scale=None, offset=None):

@@ -62,6 +62,49 @@ def test_cross_replica_batch_norm_on_one_replica_is_snt_batch_norm_to_the_bit(ra
   repl.shutdown()
 
 
+@pytest.mark.parametrize("name", ["multi_gpu_2", "tpu_engine_2"])
+def test_cross_replica_batch_norm_updates_the_moving_averages_it_is_given(name):
+  """`moving_mean` / `moving_variance` metrics (snt.BaseBatchNorm's arguments):
+  those objects keep the statistics, as they do in snt.BaseBatchNorm on the
+  whole batch; snt.BatchNorm's own averages (decay 0.999) are not made."""
+  repl = catalogue.make(name)
+  rng = np.random.RandomState(3)
+  data = (rng.randn(12, 4, 4, 3) * [1.0, 2.0, 5.0] + [0.0, 1.0, -3.0]).astype(np.float32)
+  averages = lambda: dict(moving_mean=snt.ExponentialMovingAverage(0.3),
+                          moving_variance=snt.ExponentialMovingAverage(0.3))
+  with repl.context():  # (the averages' counters are made here)
+    given = averages()
+    cross = replicator.nn.CrossReplicaBatchNorm(True, True, **given)
+  reference = snt.BaseBatchNorm(True, True, **averages())
+  assert cross.moving_mean is given["moving_mean"]
+  assert cross.moving_variance is given["moving_variance"]
+
+  def input_fn(ctx):
+    return tf.data.Dataset.from_tensor_slices(data).batch(6, drop_remainder=True)
+
+  for _ in range(2):
+    repl.run(lambda x: cross(x, is_training=True), input_fn)
+    repl.reset_input(input_fn)
+    reference(tf.constant(data), is_training=True)
+  for ours, theirs in ((cross.moving_mean.value, reference.moving_mean.value),
+                       (cross.moving_variance.value, reference.moving_variance.value)):
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+  assert len(cross.variables) == len(reference.variables)  # no counters besides
+  repl.assert_replicas_in_sync(cross.variables)
+  repl.shutdown()
+
+
+def test_cross_replica_batch_norm_refuses_half_its_moving_averages_or_a_decay_beside():
+  average = snt.ExponentialMovingAverage(0.5)
+  with pytest.raises(ValueError, match="got `moving_mean` but no `moving_variance`"):
+    replicator.nn.CrossReplicaBatchNorm(True, True, moving_mean=average)
+  with pytest.raises(ValueError, match="got `moving_variance` but no `moving_mean`"):
+    replicator.nn.CrossReplicaBatchNorm(True, True, moving_variance=average)
+  with pytest.raises(ValueError, match=r"decay_rate=0\.9 .*set the decay in the"):
+    replicator.nn.CrossReplicaBatchNorm(True, True, decay_rate=0.9, moving_mean=average,
+                                        moving_variance=snt.ExponentialMovingAverage(0.5))
+
+
 def test_cross_replica_batch_norm_takes_bfloat16_images_on_one_replica():
   """snt.BatchNorm's fused kernel takes float32 only; ours normalizes bfloat16 too."""
   data = tf.constant((np.random.RandomState(0).randn(8, 5, 5, 3) * 3 + 1).astype(np.float32))

@@ -80,7 +80,7 @@ def allreduce_rows(name: str, r: dict) -> list:
           ratio = targets.median(each[key])
           label = "the default" if buckets == default else buckets
           rows.append([_fill(t, workers=workers, label=label, baseline=t["baseline"]),
-                       targets.wanted(t, compact=True), f"{ratio:.2f}x",
+                       targets.wanted(t, compact=True), targets.shown(ratio, t),
                        f"{sections.where(r)}, `{name}.json`", targets.verdict(ratio, t)])
           break
   return rows
@@ -92,7 +92,7 @@ def _step_rate_rows(name: str, r: dict) -> list:
     value = r["ratios"].get(t["ratio"])
     if value is None:
       continue
-    measured = f"{value:.2f}x"
+    measured = targets.shown(value, t)
     floor = r["ratios"].get(t.get("floor"))
     if floor:
       measured += (f" (the hand-written 2-replica floor: {value / floor:.2f}x; "
@@ -124,7 +124,7 @@ def _first_loss_rows(name: str, r: dict) -> list:
     for key in sorted(k for k in to_loss if k.rsplit(", ", 1)[0] == "ours"):
       workers = key.rsplit(", ", 1)[1].split()[0]
       value = to_loss[f"MWMS, {workers} workers"] / to_loss[key]
-      rows.append([_fill(t, workers=workers), targets.wanted(t), f"{value:.2f}x",
+      rows.append([_fill(t, workers=workers), targets.wanted(t), targets.shown(value, t),
                    f"{sections.where(r)}, `{name}.json`", targets.verdict(value, t)])
   return rows
 
@@ -140,7 +140,7 @@ def _ratio_rows(benchmark: str, name: str, r: dict, each_round: bool = False) ->
       value = targets.median(r["ratios (each round)"][t["ratio"]])
     else:
       value = r["ratios"][t["ratio"]]
-    rows.append([_fill(t), targets.wanted(t, compact=each_round), f"{value:.2f}x",
+    rows.append([_fill(t), targets.wanted(t, compact=each_round), targets.shown(value, t),
                  f"{sections.where(r)}, `{name}.json`", targets.verdict(value, t)])
   return rows
 

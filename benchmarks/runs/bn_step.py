@@ -14,7 +14,9 @@ gradients:
   calling `strategy.run` with `tf.nn.compute_average_loss`.
 
 Both have 23,528,522 trainable parameters (checked), the same layers,
-padding and initializer families, but not the same initial values, so the
+padding and initializer families, and the same moving statistics (a plain
+moving average of decay 0.9 each, from 0 and 1: `examples/resnet`'s
+`MovingAverage`, Keras' own), but not the same initial values, so the
 losses printed differ; they are there to show both sides train. Each round is
 one job of worker processes on 127.0.0.1 (`replicator.launch`) in which MWMS
 starts each worker's server, the replicator joins it, the two first calls are
@@ -23,7 +25,7 @@ alternate; one step per call on both sides.
 
 With `--statistics per-worker` both sides normalize by each worker's own batch
 instead (the large-minibatch recipe's default, and `examples/resnet`'s): ours
-`snt.BatchNorm`, whose moving averages the replicator keeps the same on every
+`snt.BaseBatchNorm`, whose moving averages the replicator keeps the same on every
 worker, MWMS `BatchNormalization(synchronized=False)`. Each worker then also
 reports whether every worker's moving averages hold the same bits (a CRC of
 their bytes, gathered), on each side. A third side then runs MWMS's own Keras
@@ -50,6 +52,9 @@ from benchmarks.runs import common
 VARIANTS = ("ours", "MWMS")
 SAME_MODEL = "ours, Keras model"  # MWMS's model under the replicator (per-worker only)
 PARAMETERS = 23_528_522  # Sonnet's ResNet-50 v1.5 with 10 classes
+# What keeps ours' moving statistics (`models.batch_norm_factory`), in the JSON:
+# results without it come from `snt.BatchNorm`'s debiased averages.
+MOVING_AVERAGES = "plain"
 _CLASSES = 10
 _IMAGE = 32
 
@@ -256,6 +261,7 @@ def main():
               flush=True)
   result = {"machine": common.machine(), "batch_per_worker": args.batch,
             "statistics": args.statistics,
+            "ours' moving averages": MOVING_AVERAGES,
             "moving averages the same bits on every worker (every round)": alike,
             "image_size": _IMAGE, "iters": args.iters,
             "trainable parameters": parameters,

@@ -105,11 +105,41 @@ def test_bfloat16_compute_keeps_float32_variables_and_logits():
   assert 1e-5 < relative_error < 2e-2  # bfloat16 has an 8-bit mantissa
 
 
-def test_batch_norm_factory_options():
-  norm = models.batch_norm_factory(decay_rate=0.8)(snt.initializers.Zeros(), "bn")
-  assert isinstance(norm, snt.BatchNorm)
-  cross = models.batch_norm_factory(cross_replica=True)(None, "bn")
-  assert isinstance(cross, replicator.nn.CrossReplicaBatchNorm)
+@pytest.mark.parametrize("cross_replica", [False, True])
+def test_batch_norm_factory_keeps_plain_moving_averages(cross_replica):
+  """Each training call moves the statistics by (1 - decay) towards the batch's
+  (the unbiased variance, as snt.BatchNorm's fused kernel gives it), from 0 and
+  1, with no debiasing; a call that does not train uses them."""
+  norm = models.batch_norm_factory(decay_rate=0.8, cross_replica=cross_replica)(
+      snt.initializers.Ones(), "bn")
+  assert isinstance(norm, replicator.nn.CrossReplicaBatchNorm if cross_replica
+                    else snt.BaseBatchNorm)
+  rng = np.random.RandomState(0)
+  batches = [(rng.randn(4, 3, 3, 2) * [1.0, 3.0] + [2.0, -1.0]).astype(np.float32)
+             for _ in range(2)]
+  mean, variance = np.zeros(2), np.ones(2)
+  for x in batches:
+    norm(tf.constant(x), is_training=True)
+    mean = 0.8 * mean + 0.2 * x.mean(axis=(0, 1, 2))
+    variance = 0.8 * variance + 0.2 * x.var(axis=(0, 1, 2), ddof=1)
+  np.testing.assert_allclose(norm.moving_mean.value.numpy().ravel(), mean, rtol=1e-5)
+  np.testing.assert_allclose(norm.moving_variance.value.numpy().ravel(), variance,
+                             rtol=1e-5)
+  # One variable a statistic, beside the scale and the offset.
+  assert sorted(v.name for v in norm.variables) == [
+      "bn/moving_mean/average:0", "bn/moving_variance/average:0", "bn/offset:0",
+      "bn/scale:0"]
+  x = batches[0]
+  np.testing.assert_allclose(
+      norm(tf.constant(x), is_training=False).numpy(),
+      (x - mean) / np.sqrt(variance + 1e-5), rtol=1e-4, atol=1e-5)
+  norm.moving_mean.reset()
+  np.testing.assert_array_equal(norm.moving_mean.value.numpy(), 0.0)
+
+
+def test_moving_average_refuses_a_decay_outside_0_to_1():
+  with pytest.raises(ValueError, match=r"decay=1.5.*\[0, 1\]"):
+    models.MovingAverage(decay=1.5, initial_value=0.0)
 
 
 def test_keras_baseline_is_the_same_resnet20():
