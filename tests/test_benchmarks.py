@@ -136,6 +136,20 @@ def test_the_glance_table_has_every_target_of_the_targets_file():
         assert row[3].endswith(".json`")
 
 
+def test_a_figure_is_shown_with_the_digits_its_verdict_needs():
+  """Two decimals, or a percent without any, unless rounding would cross the
+  target: 0.99502x is not met by ">= 1.0x", so it never shows as 1.00x."""
+  at_least_1 = {"at_least": 1.0}
+  assert targets.shown(1.08, at_least_1) == "1.08x"
+  assert targets.shown(0.99502, at_least_1) == "0.995x"
+  assert targets.shown(0.99999, at_least_1) == "0.99999x"
+  assert targets.shown(1.0, at_least_1) == "1.00x"
+  assert targets.shown(1.004, {"at_most": 1.0}) == "1.004x"
+  assert targets.shown(0.9496, {"at_least": 0.95, "unit": "%"}) == "94.96%"
+  assert targets.shown(0.97, {"at_least": 0.95, "unit": "%"}) == "97%"
+  assert targets.shown(0.99502, {}) == "1.00x"  # a reference, never judged
+
+
 def test_results_md_is_what_render_writes_from_the_results():
   """RESULTS.md is current: `python -m benchmarks.report --no-run` would write
   it again as it is but for the day."""

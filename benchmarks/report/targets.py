@@ -64,13 +64,12 @@ def verdict(value: float, t: dict) -> str:
 def shown(value: float, t: dict) -> str:
   """A measured figure in `t`'s unit, with a digit more where the rounded one
   would read as the other verdict (0.995x against ">= 1.0x" is not 1.00x)."""
-  percent = t.get("unit") == "%"
-  for digits in range(4):
-    scale = 100 if percent else 1
-    text = f"{scale * value:.{digits if percent else digits + 2}f}"
-    if not judged(t) or met(float(text) / scale, t) == met(value, t):
-      break
-  return text + ("%" if percent else "x")
+  scale, digits, unit = (100, 0, "%") if t.get("unit") == "%" else (1, 2, "x")
+  text = f"{scale * value:.{digits}f}"
+  while judged(t) and digits < 6 and met(float(text) / scale, t) != met(value, t):
+    digits += 1
+    text = f"{scale * value:.{digits}f}"
+  return text + unit
 
 
 def wanted(t: dict, compact: bool = False) -> str:
